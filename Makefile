@@ -1,0 +1,94 @@
+# gcomm build.  make            host-only library, examples, tests (any MPI's mpicc)
+#               make CUDA=1     + CUDA kernels and IPC transport (nvcc; CUDA_ARCH="90 80" to choose)
+#               make HIP=1      + HIP kernels (hipcc)
+#               make OFI=1      + libfabric transport between nodes
+#               make SAN=1      AddressSanitizer + UndefinedBehaviorSanitizer
+#               make test       the test suite (test/run.sh)       make run   the main benchmark
+MPICC   ?= mpicc
+MPIEXEC ?= mpiexec
+BUILD   ?= build
+OPT     ?= -O3
+CFLAGS  += -std=gnu11 $(OPT) -g -fPIC -Wall -Wextra -Werror -pthread -I.
+LDLIBS  += -pthread -lrt -ldl -lm
+
+ifeq ($(SAN),1)
+CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+LIB_SRC  = gcomm.c transports/shm.c
+LIB_HDR  = gcomm.h gcomm_internal.h gcomm_sched.h gcomm_reduce.h
+LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
+
+ifeq ($(CUDA),1)
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CUDA_ARCH ?= 90
+NVCCFLAGS += -O3 -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Werror all-warnings \
+             $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -I.
+CFLAGS    += -DGCOMM_CUDA -I$(CUDA_HOME)/include
+LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart
+LIB_SRC   += transports/p2p.c
+LIB_OBJ   += $(BUILD)/obj/gcomm_kernels.o
+endif
+ifeq ($(HIP),1)
+HIPCC     ?= hipcc
+HIP_ARCH  ?= gfx90a gfx942
+HIPFLAGS  += -O3 -fPIC -Wall -Wextra -Werror $(foreach a,$(HIP_ARCH),--offload-arch=$(a)) -I.
+CFLAGS    += -DGCOMM_HIP -D__HIP_PLATFORM_AMD__
+LDLIBS    += -lamdhip64
+LIB_SRC   += transports/p2p.c
+LIB_OBJ   += $(BUILD)/obj/gcomm_kernels_hip.o
+endif
+ifeq ($(OFI),1)
+CFLAGS    += -DGCOMM_OFI $(OFI_CFLAGS)
+LDLIBS    += $(or $(OFI_LIBS),-lfabric)
+LIB_SRC   += transports/net_ofi.c
+endif
+ifeq ($(NCCL),1)
+PERF_FLAGS += -DGCOMM_PERF_NCCL -I$(NCCL_HOME)/include
+PERF_LIBS  += -L$(NCCL_HOME)/lib -l:libnccl.so.2 -Wl,-rpath,$(NCCL_HOME)/lib
+endif
+
+EXAMPLES = $(patsubst examples/%.c,$(BUILD)/%,$(wildcard examples/*.c))
+TESTS    = $(patsubst test/%.c,$(BUILD)/test/%,$(wildcard test/*.c))
+
+all: $(BUILD)/libgcomm.a $(BUILD)/libgcomm.so $(EXAMPLES) $(TESTS)
+
+$(BUILD)/obj/%.o: %.c $(LIB_HDR)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/gcomm_kernels.o: gcomm_kernels.cu $(LIB_HDR)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(BUILD)/obj/gcomm_kernels_hip.o: gcomm_kernels.hip $(LIB_HDR)
+	@mkdir -p $(dir $@)
+	$(HIPCC) $(HIPFLAGS) -c $< -o $@
+
+$(BUILD)/libgcomm.a: $(LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+$(BUILD)/libgcomm.so: $(LIB_OBJ)
+	$(MPICC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/gcomm_perf: examples/gcomm_perf.c $(BUILD)/libgcomm.a gcomm.h
+	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
+$(BUILD)/%: examples/%.c $(BUILD)/libgcomm.a gcomm.h
+	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
+$(BUILD)/test/%: test/%.c $(BUILD)/libgcomm.a gcomm.h $(wildcard test/*.h)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
+
+test: all
+	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/run.sh
+
+run: $(BUILD)/gcomm_perf
+	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
+
+format:
+	clang-format -i gcomm.h gcomm.c gcomm_*.h transports/*.c examples/*.c test/*.c test/*.h
+
+clean:
+	rm -rf $(BUILD)
+
+.PHONY: all test run format clean
+.PRECIOUS: $(BUILD)/obj/%.o

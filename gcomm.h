@@ -1,0 +1,180 @@
+/*
+ * gcomm.h - the whole public API of gcomm, an embeddable collective-communication runtime.
+ *
+ * NCCL's shape with a gcomm prefix: a user who knows NCCL ports a program by renaming
+ * nccl -> gcomm and ncclCommInitRank -> gcommCommInitMPI. C99; needs <mpi.h> but no CUDA or HIP
+ * header (streams are opaque pointers).
+ */
+#ifndef GCOMM_H
+#define GCOMM_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GCOMM_MAJOR 0
+#define GCOMM_MINOR 1
+#define GCOMM_PATCH 0
+#define GCOMM_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define GCOMM_VERSION_CODE GCOMM_VERSION(GCOMM_MAJOR, GCOMM_MINOR, GCOMM_PATCH)
+
+/* A communicator: a set of ranks that run collectives together. */
+typedef struct gcommComm* gcommComm_t;
+/* A cudaStream_t / hipStream_t on a GPU communicator; NULL on a host communicator. */
+typedef void* gcommStream_t;
+
+typedef enum {
+  gcommSuccess = 0,
+  gcommInvalidArgument = 1, /* a bad argument: which one and why is in gcommGetLastError */
+  gcommInvalidUsage = 2,    /* a call out of order, or ranks that disagree */
+  gcommSystemError = 3,     /* the OS or MPI failed */
+  gcommInternalError = 4,   /* a bug in gcomm */
+  gcommDeviceError = 5,     /* the CUDA/HIP runtime failed */
+  gcommRemoteError = 6,     /* another rank failed or died: the message names it */
+  gcommTimeout = 7,         /* a wait passed GCOMM_TIMEOUT_MS */
+  gcommAborted = 8,         /* gcommCommAbort was called */
+  gcommInProgress = 9,      /* the operation has not completed yet */
+  gcommNumResults = 10
+} gcommResult_t;
+
+typedef enum {
+  gcommInt8 = 0,
+  gcommChar = 0,
+  gcommUint8 = 1,
+  gcommInt32 = 2,
+  gcommInt = 2,
+  gcommUint32 = 3,
+  gcommInt64 = 4,
+  gcommUint64 = 5,
+  gcommFloat16 = 6,
+  gcommHalf = 6,
+  gcommFloat32 = 7,
+  gcommFloat = 7,
+  gcommFloat64 = 8,
+  gcommDouble = 8,
+  gcommBfloat16 = 9,
+  gcommNumTypes = 10
+} gcommDataType_t;
+
+/* Float16 and Bfloat16 are reduced in float and rounded once per reduction. Avg divides the sum
+ * by the number of ranks (integer division for integer types). */
+typedef enum { gcommSum = 0, gcommProd = 1, gcommMax = 2, gcommMin = 3, gcommAvg = 4, gcommNumOps = 5 } gcommRedOp_t;
+
+#define GCOMM_DEVICE_HOST (-1)   /* config.device for a communicator on host memory */
+#define GCOMM_PROXY_THREAD 0     /* a progress thread drives the communicator */
+#define GCOMM_PROXY_POLL 1       /* the caller drives it: gcommProgress / gcommWait */
+#define GCOMM_SPLIT_NOCOLOR (-1) /* gcommCommSplit: this rank joins no new communicator */
+#define GCOMM_CONFIG_UNDEF_INT INT32_MIN
+#define GCOMM_CONFIG_MAGIC 0x67636f6du
+
+/* Communicator options. Always start from GCOMM_CONFIG_INITIALIZER; a field left undefined takes
+ * its default, and the matching GCOMM_* environment variable, when set, wins over both. */
+typedef struct {
+  size_t size;          /* sizeof(gcommConfig_t), set by the initializer (ABI check) */
+  unsigned int magic;   /* GCOMM_CONFIG_MAGIC */
+  unsigned int version; /* GCOMM_VERSION_CODE */
+  int device;           /* GCOMM_DEVICE_HOST, or a CUDA/HIP device; default: host in a host-only
+                           build, the current device in a GPU build */
+  int proxyMode;        /* GCOMM_PROXY_THREAD (default) or GCOMM_PROXY_POLL; GCOMM_PROXY_MODE */
+  const char* commName; /* shown in logs and to the profiler; copied */
+  int nChannels;        /* parallel channels; GCOMM_NCHANNELS */
+} gcommConfig_t;
+
+#define GCOMM_CONFIG_INITIALIZER                                                                   \
+  {                                                                                                \
+    sizeof(gcommConfig_t), GCOMM_CONFIG_MAGIC, GCOMM_VERSION_CODE, GCOMM_CONFIG_UNDEF_INT,         \
+        GCOMM_CONFIG_UNDEF_INT, NULL, GCOMM_CONFIG_UNDEF_INT                                       \
+  }
+
+/* ---- Library ---- */
+gcommResult_t gcommGetVersion(int* version);
+const char* gcommGetErrorString(gcommResult_t result);
+/* The last error message of this thread for comm (or for no communicator when comm is NULL):
+ * what failed, where, and which peer. Never NULL. */
+const char* gcommGetLastError(gcommComm_t comm);
+
+/* ---- Communicators ---- */
+/* Collective over mpiComm: every rank calls it. MPI is used here and in gcommCommSplit only,
+ * never on the data path; MPI_THREAD_SINGLE is enough. config may be NULL. */
+gcommResult_t gcommCommInitMPI(gcommComm_t* comm, MPI_Comm mpiComm, const gcommConfig_t* config);
+/* Collective over comm. Ranks with the same color form a new communicator, ordered by key then
+ * by rank; color GCOMM_SPLIT_NOCOLOR gives *newcomm = NULL. config NULL: inherit comm's. */
+gcommResult_t gcommCommSplit(gcommComm_t comm, int color, int key, gcommComm_t* newcomm,
+                             const gcommConfig_t* config);
+/* Waits for outstanding work (up to GCOMM_TIMEOUT_MS), then frees everything. */
+gcommResult_t gcommCommDestroy(gcommComm_t comm);
+/* Stops everything now, from any thread: every pending wait on comm returns gcommAborted. The
+ * communicator must still be destroyed. */
+gcommResult_t gcommCommAbort(gcommComm_t comm);
+/* gcommSuccess, or the error that stopped the communicator (set by the progress engine). */
+gcommResult_t gcommCommGetAsyncError(gcommComm_t comm, gcommResult_t* asyncError);
+gcommResult_t gcommCommCount(const gcommComm_t comm, int* count);
+gcommResult_t gcommCommUserRank(const gcommComm_t comm, int* rank);
+/* The CUDA/HIP device of comm, or GCOMM_DEVICE_HOST. */
+gcommResult_t gcommCommDevice(const gcommComm_t comm, int* device);
+
+/* ---- Collectives ----
+ * Enqueue and return. On a GPU communicator they are ordered on stream; on a host communicator
+ * (stream NULL) they run asynchronously and complete at gcommWait(comm, NULL). In-place: sendbuff
+ * == recvbuff for AllReduce, Broadcast, Reduce; recvbuff == sendbuff + rank*recvcount for
+ * ReduceScatter; sendbuff == recvbuff + rank*sendcount for AllGather and Gather. Any other overlap
+ * is rejected. */
+gcommResult_t gcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                             gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,
+                             gcommStream_t stream);
+gcommResult_t gcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                             gcommDataType_t datatype, int root, gcommComm_t comm,
+                             gcommStream_t stream);
+/* recvbuff is used on root only (it may be NULL elsewhere). */
+gcommResult_t gcommReduce(const void* sendbuff, void* recvbuff, size_t count,
+                          gcommDataType_t datatype, gcommRedOp_t op, int root, gcommComm_t comm,
+                          gcommStream_t stream);
+gcommResult_t gcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                             gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream);
+gcommResult_t gcommReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                 gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,
+                                 gcommStream_t stream);
+/* count elements go to each peer: sendbuff and recvbuff hold nranks*count. */
+gcommResult_t gcommAllToAll(const void* sendbuff, void* recvbuff, size_t count,
+                            gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream);
+/* recvbuff (nranks*sendcount) is used on root only. */
+gcommResult_t gcommGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                          gcommDataType_t datatype, int root, gcommComm_t comm,
+                          gcommStream_t stream);
+/* sendbuff (nranks*recvcount) is used on root only. */
+gcommResult_t gcommScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                           gcommDataType_t datatype, int root, gcommComm_t comm,
+                           gcommStream_t stream);
+
+/* ---- Point to point ----
+ * Sends and receives between one pair match in call order. Inside a group they never deadlock,
+ * whatever the order of the calls. */
+gcommResult_t gcommSend(const void* sendbuff, size_t count, gcommDataType_t datatype, int peer,
+                        gcommComm_t comm, gcommStream_t stream);
+gcommResult_t gcommRecv(void* recvbuff, size_t count, gcommDataType_t datatype, int peer,
+                        gcommComm_t comm, gcommStream_t stream);
+
+/* ---- Groups ----
+ * Calls between GroupStart and GroupEnd are queued and launched together at GroupEnd (one launch
+ * per communicator). Groups nest; only the outermost GroupEnd launches. */
+gcommResult_t gcommGroupStart(void);
+gcommResult_t gcommGroupEnd(void);
+
+/* ---- Progress and completion ---- */
+/* One pass of comm's progress engine. Needed in GCOMM_PROXY_POLL mode; harmless otherwise. */
+gcommResult_t gcommProgress(gcommComm_t comm);
+/* Returns when everything comm enqueued on stream is complete (a host communicator: stream
+ * NULL), driving progress itself in poll mode. Returns the first error of that work. */
+gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream);
+/* gcommSuccess when everything enqueued on stream is complete, gcommInProgress when not; never
+ * blocks (it runs one progress pass in poll mode). */
+gcommResult_t gcommTest(gcommComm_t comm, gcommStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GCOMM_H */
