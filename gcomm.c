@@ -1,0 +1,1424 @@
+/*
+ * gcomm.c - the core of gcomm: parameters and logging, bootstrap over MPI, communicators,
+ * argument checks, enqueue and groups, the cost model, the host executor and the progress
+ * engine. Read top to bottom; the path of one collective is:
+ *
+ *   gcommAllReduce -> checkArgs -> enqueue (group-aware) -> chooseAlgo -> works, one per channel
+ *   -> posted to the progress engine -> each progress pass advances the head work of every queue
+ *   by the steps of its schedule (gcomm_sched.h) whose FIFOs are ready -> the op completes when
+ *   all of its works have -> gcommWait returns.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gcomm_internal.h"
+
+/* ======================================================================================== */
+/* Parameters: every GCOMM_* variable, in one table.                                        */
+/* ======================================================================================== */
+
+enum { PARAM_INT, PARAM_SIZE, PARAM_ENUM, PARAM_STR, PARAM_LOG };
+
+static const char* const algoNames[] = {"ring", "tree", "direct", NULL};
+static const char* const proxyModeNames[] = {"thread", "poll", NULL};
+
+typedef struct {
+  const char* name;
+  const char* defaultValue;
+  int kind;
+  int offset;                  /* into gcommParams_t, -1 for the process-wide logging knobs */
+  const char* const* choices;  /* PARAM_ENUM */
+  int64_t min, max;            /* PARAM_INT, PARAM_SIZE */
+  const char* doc;
+} gcommParamDef_t;
+
+#define PARAM_AT(field) ((int)offsetof(gcommParams_t, field))
+static const gcommParamDef_t paramTable[] = {
+    {"GCOMM_DEBUG", "WARN", PARAM_LOG, -1, NULL, 0, 0,
+     "log level: NONE, WARN, INFO or TRACE"},
+    {"GCOMM_DEBUG_SUBSYS", "ALL", PARAM_LOG, -1, NULL, 0, 0,
+     "comma list of INIT, COLL, P2P, PROXY, NET, SHM, TUNING, ENV, ALL; ^ excludes"},
+    {"GCOMM_DEBUG_FILE", "", PARAM_LOG, -1, NULL, 0, 0,
+     "log to this file instead of stderr; %h is the host name, %p the pid"},
+    {"GCOMM_ALGO", "", PARAM_ENUM, PARAM_AT(algo), algoNames, 0, 0,
+     "force the algorithm: ring, tree or direct (default: the cost model picks)"},
+    {"GCOMM_NCHANNELS", "2", PARAM_INT, PARAM_AT(nChannels), NULL, 1, 32,
+     "parallel channels (each with its own FIFOs); config.nChannels"},
+    {"GCOMM_BUFFSIZE", "1M", PARAM_SIZE, PARAM_AT(buffSize), NULL, 512, (int64_t)1 << 30,
+     "bytes of one connection FIFO (8 slots)"},
+    {"GCOMM_PROXY_MODE", "thread", PARAM_ENUM, PARAM_AT(proxyMode), proxyModeNames, 0, 0,
+     "thread: a progress thread per communicator; poll: the caller drives progress"},
+    {"GCOMM_PROGRESS_APPENDOP_FREQ", "8", PARAM_INT, PARAM_AT(appendFreq), NULL, 1, 1 << 20,
+     "progress passes between fetches of newly posted operations"},
+    {"GCOMM_PROXY_APPEND_BATCH_SIZE", "16", PARAM_INT, PARAM_AT(appendBatch), NULL, 1, 1 << 20,
+     "most operations fetched at once"},
+    {"GCOMM_PROXY_DUMP_SIGNAL", "0", PARAM_INT, PARAM_AT(dumpSignal), NULL, 0, 64,
+     "on this signal, print every active operation, its state and counters (0: off)"},
+    {"GCOMM_TIMEOUT_MS", "300000", PARAM_INT, PARAM_AT(timeoutMs), NULL, 1, INT64_MAX / 1000000,
+     "deadline of every wait, in milliseconds"},
+    {"GCOMM_HOSTID", "", PARAM_STR, PARAM_AT(hostId), NULL, 0, 0,
+     "ranks with the same value share a node (default: MPI_COMM_TYPE_SHARED)"},
+};
+#define NPARAMS ((int)(sizeof(paramTable) / sizeof(paramTable[0])))
+
+/* Integers with an optional K, M or G suffix (powers of two). */
+static int parseInt(const char* s, int64_t* out) {
+  char* end;
+  errno = 0;
+  long long v = strtoll(s, &end, 0);
+  if (errno != 0 || end == s) return -1;
+  int shift = 0;
+  if (*end == 'k' || *end == 'K') shift = 10;
+  if (*end == 'm' || *end == 'M') shift = 20;
+  if (*end == 'g' || *end == 'G') shift = 30;
+  if (shift) end++;
+  if (*end != 0) return -1;
+  if (shift && (v > (LLONG_MAX >> shift) || v < (LLONG_MIN >> shift))) return -1;
+  *out = (int64_t)v * ((int64_t)1 << shift);
+  return 0;
+}
+
+static int parseEnum(const char* s, const char* const* choices) {
+  for (int i = 0; choices[i] != NULL; i++)
+    if (strcasecmp(s, choices[i]) == 0) return i;
+  return -1;
+}
+
+/* Sets one parameter from text; -1 when the text is not a valid value. */
+static int paramSet(gcommParams_t* p, const gcommParamDef_t* d, const char* text) {
+  char* field = (char*)p + d->offset;
+  int64_t v;
+  switch (d->kind) {
+    case PARAM_INT:
+    case PARAM_SIZE:
+      if (parseInt(text, &v) != 0 || v < d->min || v > d->max) return -1;
+      if (d->offset == PARAM_AT(nChannels)) *(int*)field = (int)v;
+      else *(int64_t*)field = v;
+      return 0;
+    case PARAM_ENUM:
+      v = text[0] == 0 ? -1 : parseEnum(text, d->choices);
+      if (text[0] != 0 && v < 0) return -1;
+      *(int*)field = (int)v;
+      return 0;
+    case PARAM_STR: *(const char**)field = text[0] ? text : NULL; return 0;
+  }
+  return -1;
+}
+
+/* Defaults, then the config's fields, then the environment (which wins). */
+static void paramsLoad(gcommComm_t comm, const gcommConfig_t* config) {
+  gcommParams_t* p = &comm->params;
+  for (int i = 0; i < NPARAMS; i++)
+    if (paramTable[i].kind != PARAM_LOG) paramSet(p, &paramTable[i], paramTable[i].defaultValue);
+  if (config != NULL) {
+    if (config->proxyMode != GCOMM_CONFIG_UNDEF_INT) p->proxyMode = config->proxyMode;
+    if (config->nChannels != GCOMM_CONFIG_UNDEF_INT) p->nChannels = config->nChannels;
+  }
+  for (int i = 0; i < NPARAMS; i++) {
+    const char* env = getenv(paramTable[i].name);
+    if (env == NULL || paramTable[i].kind == PARAM_LOG) continue;
+    if (paramSet(p, &paramTable[i], env) != 0)
+      GCOMM_WARN(comm, "%s=\"%s\" is not valid (%s); using %s", paramTable[i].name, env,
+                 paramTable[i].doc, paramTable[i].defaultValue);
+  }
+}
+
+static void paramsPrint(gcommComm_t comm) {
+  if (!gcommLogEnabled(GCOMM_LOG_INFO, GCOMM_SUBSYS_ENV) || comm->rank != 0) return;
+  for (int i = 0; i < NPARAMS; i++) {
+    const char* env = getenv(paramTable[i].name);
+    GCOMM_INFO(GCOMM_SUBSYS_ENV, comm, "%-30s = %-10s (default %s%s) %s", paramTable[i].name,
+               env ? env : paramTable[i].defaultValue,
+               paramTable[i].defaultValue[0] ? paramTable[i].defaultValue : "unset",
+               env ? ", from the environment" : "", paramTable[i].doc);
+  }
+}
+
+/* ======================================================================================== */
+/* Logging and errors                                                                       */
+/* ======================================================================================== */
+
+static pthread_once_t logOnce = PTHREAD_ONCE_INIT;
+static int logLevel = GCOMM_LOG_WARN;
+static int logSubsys = GCOMM_SUBSYS_ALL;
+static FILE* logFile;
+static pthread_mutex_t logLock = PTHREAD_MUTEX_INITIALIZER;
+static char hostName[64];
+static __thread char threadLastError[1024];
+
+static const char* const subsysNames[] = {"INIT", "COLL", "P2P",    "PROXY", "NET",
+                                          "SHM",  "TUNING", "ENV", NULL};
+
+static void logInit(void) {
+  gethostname(hostName, sizeof(hostName) - 1);
+  const char* level = getenv("GCOMM_DEBUG");
+  static const char* const levels[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
+  if (level != NULL && parseEnum(level, levels) >= 0) logLevel = parseEnum(level, levels);
+  const char* subsys = getenv("GCOMM_DEBUG_SUBSYS");
+  if (subsys != NULL) {
+    char buf[256];
+    int exclude = subsys[0] == '^', mask = 0;
+    snprintf(buf, sizeof(buf), "%s", subsys + exclude);
+    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+      int i = parseEnum(tok, subsysNames);
+      mask |= i >= 0 ? 1 << i : strcasecmp(tok, "ALL") == 0 ? GCOMM_SUBSYS_ALL : 0;
+    }
+    logSubsys = exclude ? (GCOMM_SUBSYS_ALL & ~mask) : mask;
+  }
+  const char* file = getenv("GCOMM_DEBUG_FILE");
+  if (file != NULL && file[0] != 0) {
+    char path[PATH_MAX];
+    size_t n = 0;
+    for (const char* c = file; *c && n < sizeof(path) - 32; c++) {
+      if (c[0] == '%' && c[1] == 'h') n += snprintf(path + n, sizeof(path) - n, "%s", hostName), c++;
+      else if (c[0] == '%' && c[1] == 'p') n += snprintf(path + n, sizeof(path) - n, "%d", (int)getpid()), c++;
+      else path[n++] = *c;
+    }
+    path[n] = 0;
+    logFile = fopen(path, "a");
+  }
+  if (logFile == NULL) logFile = stderr;
+}
+
+int gcommLogEnabled(int level, int subsys) {
+  pthread_once(&logOnce, logInit);
+  return level <= logLevel && (subsys & logSubsys);
+}
+
+static void logWrite(int level, gcommComm_t comm, const char* where, const char* msg) {
+  static const char* const tags[] = {"", "WARN", "INFO", "TRACE"};
+  pthread_mutex_lock(&logLock);
+  if (comm != NULL)
+    fprintf(logFile, "%s:%d:%ld [%d] GCOMM %s %s: %s\n", hostName, (int)getpid(),
+            (long)syscall(SYS_gettid), comm->rank, tags[level], where, msg);
+  else
+    fprintf(logFile, "%s:%d:%ld GCOMM %s %s: %s\n", hostName, (int)getpid(),
+            (long)syscall(SYS_gettid), tags[level], where, msg);
+  fflush(logFile);
+  pthread_mutex_unlock(&logLock);
+}
+
+void gcommLog(int level, int subsys, gcommComm_t comm, const char* where, const char* fmt, ...) {
+  if (!gcommLogEnabled(level, subsys)) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  logWrite(level, comm, where, msg);
+}
+
+gcommResult_t gcommSetError(gcommComm_t comm, gcommResult_t res, int peer, const char* where,
+                            const char* fmt, ...) {
+  char msg[768], full[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (comm != NULL && peer >= 0 && comm->cards != NULL && peer < comm->nranks)
+    snprintf(full, sizeof(full), "%s: %s (peer rank %d, pid %d on %s) [%s]", where, msg, peer,
+             (int)comm->cards[peer].pid, comm->cards[peer].host, gcommGetErrorString(res));
+  else if (peer >= 0)
+    snprintf(full, sizeof(full), "%s: %s (peer rank %d) [%s]", where, msg, peer,
+             gcommGetErrorString(res));
+  else
+    snprintf(full, sizeof(full), "%s: %s [%s]", where, msg, gcommGetErrorString(res));
+  snprintf(threadLastError, sizeof(threadLastError), "%s", full);
+  if (comm != NULL) {
+    pthread_mutex_lock(&comm->errorLock);
+    snprintf(comm->lastError, sizeof(comm->lastError), "%s", full);
+    pthread_mutex_unlock(&comm->errorLock);
+  }
+  pthread_once(&logOnce, logInit);
+  if (logLevel >= GCOMM_LOG_WARN) logWrite(GCOMM_LOG_WARN, comm, "error", full);
+  return res;
+}
+
+const char* gcommGetErrorString(gcommResult_t result) {
+  switch (result) {
+    case gcommSuccess: return "no error";
+    case gcommInvalidArgument: return "invalid argument";
+    case gcommInvalidUsage: return "invalid usage";
+    case gcommSystemError: return "system error";
+    case gcommInternalError: return "internal error";
+    case gcommDeviceError: return "device (CUDA/HIP) error";
+    case gcommRemoteError: return "remote error: another rank failed";
+    case gcommTimeout: return "timeout";
+    case gcommAborted: return "aborted";
+    case gcommInProgress: return "in progress";
+    default: return "unknown result code";
+  }
+}
+
+const char* gcommGetLastError(gcommComm_t comm) {
+  if (comm != NULL && comm->magic == GCOMM_COMM_MAGIC) return comm->lastError;
+  return threadLastError;
+}
+
+gcommResult_t gcommGetVersion(int* version) {
+  if (version == NULL) return GCOMM_ERROR(NULL, gcommInvalidArgument, -1, "version is NULL");
+  *version = GCOMM_VERSION_CODE;
+  return gcommSuccess;
+}
+
+uint64_t gcommNowNs(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Waiting politely: spin a little, then yield, then sleep longer and longer (at most 1 ms, so
+ * that an abort or a deadline is seen quickly). Many ranks share few cores in tests. */
+static void backoff(unsigned* idle) {
+  unsigned i = (*idle)++;
+  if (i < 32) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  } else if (i < 256) {
+    sched_yield();
+  } else {
+    unsigned us = (i - 256) / 8 + 1;
+    struct timespec ts = {0, (long)(us < 1000 ? us : 1000) * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* ======================================================================================== */
+/* Host reductions: dst[i] = a[i] op b[i] (dst may be a), and Avg's final division.         */
+/* ======================================================================================== */
+
+typedef void (*reduceFn_t)(void* dst, const void* a, const void* b, size_t n);
+typedef void (*divideFn_t)(void* buf, size_t n, int nranks);
+
+#define DEFINE_REDUCE(NAME, T, EXPR)                                                  \
+  static void NAME(void* dst, const void* a, const void* b, size_t n) {              \
+    T* d = (T*)dst;                                                                   \
+    const T* x = (const T*)a;                                                         \
+    const T* y = (const T*)b;                                                         \
+    for (size_t i = 0; i < n; i++) {                                                  \
+      T A = x[i], B = y[i];                                                           \
+      d[i] = (EXPR);                                                                  \
+    }                                                                                 \
+  }
+/* Integers: Sum and Prod in the unsigned type, so that overflow wraps instead of being UB. */
+#define DEFINE_INT(NAME, T, UT)                                                       \
+  DEFINE_REDUCE(NAME##Sum, T, (T)((UT)A + (UT)B))                                     \
+  DEFINE_REDUCE(NAME##Prod, T, (T)((UT)A * (UT)B))                                    \
+  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                                          \
+  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                                          \
+  static void NAME##Div(void* buf, size_t n, int nranks) {                            \
+    T* d = (T*)buf;                                                                   \
+    for (size_t i = 0; i < n; i++) d[i] = (T)(d[i] / (T)nranks);                     \
+  }
+#define DEFINE_FLOAT(NAME, T)                                                         \
+  DEFINE_REDUCE(NAME##Sum, T, A + B)                                                  \
+  DEFINE_REDUCE(NAME##Prod, T, A* B)                                                  \
+  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                                          \
+  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                                          \
+  static void NAME##Div(void* buf, size_t n, int nranks) {                            \
+    T* d = (T*)buf;                                                                   \
+    for (size_t i = 0; i < n; i++) d[i] = d[i] / (T)nranks;                           \
+  }
+/* 16-bit floats: widen to float, combine, round once. */
+#define DEFINE_HALF(NAME, TOF, FROMF)                                                 \
+  DEFINE_REDUCE(NAME##Sum, uint16_t, FROMF(TOF(A) + TOF(B)))                          \
+  DEFINE_REDUCE(NAME##Prod, uint16_t, FROMF(TOF(A) * TOF(B)))                         \
+  DEFINE_REDUCE(NAME##Max, uint16_t, TOF(A) > TOF(B) ? A : B)                         \
+  DEFINE_REDUCE(NAME##Min, uint16_t, TOF(A) < TOF(B) ? A : B)                         \
+  static void NAME##Div(void* buf, size_t n, int nranks) {                            \
+    uint16_t* d = (uint16_t*)buf;                                                     \
+    for (size_t i = 0; i < n; i++) d[i] = FROMF(TOF(d[i]) / (float)nranks);           \
+  }
+
+DEFINE_INT(i8, int8_t, uint8_t)
+DEFINE_INT(u8, uint8_t, uint8_t)
+DEFINE_INT(i32, int32_t, uint32_t)
+DEFINE_INT(u32, uint32_t, uint32_t)
+DEFINE_INT(i64, int64_t, uint64_t)
+DEFINE_INT(u64, uint64_t, uint64_t)
+DEFINE_HALF(f16, gcommHalfToFloat, gcommFloatToHalf)
+DEFINE_FLOAT(f32, float)
+DEFINE_FLOAT(f64, double)
+DEFINE_HALF(bf16, gcommBf16ToFloat, gcommFloatToBf16)
+
+#define REDUCE_ROW(NAME) {NAME##Sum, NAME##Prod, NAME##Max, NAME##Min, NAME##Sum}
+static const reduceFn_t reduceTable[gcommNumTypes][gcommNumOps] = {
+    REDUCE_ROW(i8),  REDUCE_ROW(u8),  REDUCE_ROW(i32), REDUCE_ROW(u32), REDUCE_ROW(i64),
+    REDUCE_ROW(u64), REDUCE_ROW(f16), REDUCE_ROW(f32), REDUCE_ROW(f64), REDUCE_ROW(bf16)};
+static const divideFn_t divideTable[gcommNumTypes] = {i8Div,  u8Div,  i32Div, u32Div, i64Div,
+                                                      u64Div, f16Div, f32Div, f64Div, bf16Div};
+
+/* ======================================================================================== */
+/* The host executor: runs one step of a schedule when all of its FIFOs are ready.          */
+/* ======================================================================================== */
+
+static gcommConn_t* sendConn(gcommComm_t comm, int lane, int peer) {
+  return &comm->sendConns[lane * comm->nranks + peer];
+}
+static gcommConn_t* recvConn(gcommComm_t comm, int lane, int peer) {
+  return &comm->recvConns[lane * comm->nranks + peer];
+}
+
+static char* opBuffer(const gcommOp_t* op, int which) {
+  if (which == GCOMM_BUF_IN) return (char*)op->sendbuff;
+  if (which == GCOMM_BUF_OUT) return (char*)op->recvbuff;
+  return NULL;
+}
+
+static const char* const funcNames[gcommNumFuncs] = {
+    "AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
+    "AllToAll",  "Gather",    "Scatter", "Send",     "Recv"};
+static const char* const typeNames[gcommNumTypes] = {
+    "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
+    "bfloat16"};
+static const char* const opNames[gcommNumOps] = {"sum", "prod", "max", "min", "avg"};
+
+/* A step is ready when every FIFO it reads holds a slot and every FIFO it writes has room.
+ * Returns the peer it waits on (and whether for a receive), or -1 when ready. */
+static int stepBlockedOn(gcommComm_t comm, int lane, const gcommStep_t* st, int* isRecv) {
+  for (int i = 0; i < 2; i++) {
+    if (st->recvPeer[i] < 0) continue;
+    gcommConn_t* c = recvConn(comm, lane, st->recvPeer[i]);
+    if (__atomic_load_n(&c->fifo->tail, __ATOMIC_ACQUIRE) <= c->step) {
+      *isRecv = 1;
+      return st->recvPeer[i];
+    }
+  }
+  for (int i = 0; i < 2; i++) {
+    if (st->sendPeer[i] < 0) continue;
+    gcommConn_t* c = sendConn(comm, lane, st->sendPeer[i]);
+    if (c->step - __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE) >= GCOMM_STEPS) {
+      *isRecv = 0;
+      return st->sendPeer[i];
+    }
+  }
+  return -1;
+}
+
+static char* slotOf(gcommConn_t* c) { return c->slots + (c->step % GCOMM_STEPS) * c->slotBytes; }
+
+/* Executes a ready step: value = recv (op src) or src; value -> dst and send FIFOs. */
+static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t* st) {
+  const gcommOp_t* op = w->op;
+  size_t esz = gcommTypeSize(op->datatype), bytes = st->count * esz;
+  char* src = opBuffer(op, st->src);
+  char* dst = opBuffer(op, st->dst);
+  char *in[2] = {NULL, NULL}, *out[2] = {NULL, NULL};
+  int nIn = 0, nOut = 0;
+  if (src) src += st->srcOff * esz;
+  if (dst) dst += st->dstOff * esz;
+  for (int i = 0; i < 2; i++) {
+    if (st->recvPeer[i] >= 0) {
+      gcommConn_t* c = recvConn(comm, w->lane, st->recvPeer[i]);
+      uint64_t got = c->fifo->bytes[c->step % GCOMM_STEPS];
+      if (got != bytes)
+        return GCOMM_ERROR(comm, gcommInvalidUsage, st->recvPeer[i],
+                           "%s (seq %llu) step %ld received %llu bytes where %zu were expected: "
+                           "the ranks called different operations or counts",
+                           funcNames[op->func], (unsigned long long)op->seq, w->step,
+                           (unsigned long long)got, bytes);
+      in[nIn++] = slotOf(c);
+    }
+    if (st->sendPeer[i] >= 0) out[nOut++] = slotOf(sendConn(comm, w->lane, st->sendPeer[i]));
+  }
+  /* compute the value once, into dst if there is one, else into the first send slot */
+  char* value = dst ? dst : out[0];
+  if (value != NULL && bytes > 0) {
+    if (nIn == 0) {
+      if (value != src) memcpy(value, src, bytes);
+    } else if (!st->reduce) {
+      memcpy(value, in[0], bytes);
+    } else {
+      reduceFn_t fn = reduceTable[op->datatype][op->redop];
+      fn(value, src, in[0], st->count);
+      if (nIn == 2) fn(value, value, in[1], st->count);
+    }
+    if (st->postOp && op->redop == gcommAvg) divideTable[op->datatype](value, st->count, comm->nranks);
+    for (int i = 0; i < nOut; i++)
+      if (out[i] != value) memcpy(out[i], value, bytes);
+  }
+  /* publish: payload sizes and data before the counters that hand the slots over */
+  for (int i = 0; i < 2; i++) {
+    if (st->sendPeer[i] >= 0) {
+      gcommConn_t* c = sendConn(comm, w->lane, st->sendPeer[i]);
+      c->fifo->bytes[c->step % GCOMM_STEPS] = bytes;
+      __atomic_store_n(&c->fifo->tail, ++c->step, __ATOMIC_RELEASE);
+    }
+    if (st->recvPeer[i] >= 0) {
+      gcommConn_t* c = recvConn(comm, w->lane, st->recvPeer[i]);
+      __atomic_store_n(&c->fifo->head, ++c->step, __ATOMIC_RELEASE);
+    }
+  }
+  return gcommSuccess;
+}
+
+/* A local peer that no longer exists will never fill or drain its FIFOs. */
+static int peerIsDead(gcommComm_t comm, int peer) {
+  return kill(comm->cards[peer].pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Notes that w cannot move: fails it when its peer died or the deadline passed. */
+static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int isRecv) {
+  uint64_t now = gcommNowNs();
+  if (w->waitSinceNs == 0 || w->waitPeer != peer) {
+    w->waitSinceNs = now;
+    w->waitPeer = peer;
+    w->waitRecv = isRecv;
+    return gcommSuccess;
+  }
+  uint64_t waitedMs = (now - w->waitSinceNs) / 1000000;
+  const gcommOp_t* op = w->op;
+  if (waitedMs >= 100 && (comm->passes & 63) == 0 && peerIsDead(comm, peer))
+    return GCOMM_ERROR(comm, gcommRemoteError, peer,
+                       "%s (seq %llu) channel %d step %ld/%ld: rank %d has died while this rank "
+                       "waited to %s it",
+                       funcNames[op->func], (unsigned long long)op->seq, w->lane, w->step,
+                       w->nSteps, peer, isRecv ? "receive from" : "send to");
+  if ((int64_t)waitedMs >= comm->params.timeoutMs)
+    return GCOMM_ERROR(comm, gcommTimeout, peer,
+                       "%s (seq %llu, count %zu, %s) channel %d step %ld/%ld: waited %llu ms to "
+                       "%s rank %d (GCOMM_TIMEOUT_MS=%lld)",
+                       funcNames[op->func], (unsigned long long)op->seq, op->count,
+                       typeNames[op->datatype], w->lane, w->step, w->nSteps,
+                       (unsigned long long)waitedMs, isRecv ? "receive from" : "send to", peer,
+                       (long long)comm->params.timeoutMs);
+  return gcommSuccess;
+}
+
+/* Runs w's steps while they are ready (at most a FIFO's worth, for fairness between queues).
+ * Returns how many ran, or -1 on error (*res says which). */
+static int advanceWork(gcommComm_t comm, gcommWork_t* w, gcommResult_t* res) {
+  int ran = 0;
+  while (w->step < w->nSteps && ran < GCOMM_STEPS) {
+    gcommStep_t st;
+    int isRecv = 0;
+    gcommSchedGetStep(&w->sched, w->step, &st);
+    int peer = stepBlockedOn(comm, w->lane, &st, &isRecv);
+    if (peer >= 0) {
+      *res = workBlocked(comm, w, peer, isRecv);
+      return *res == gcommSuccess ? ran : -1;
+    }
+    *res = runStep(comm, w, &st);
+    if (*res != gcommSuccess) return -1;
+    w->waitSinceNs = 0;
+    w->step++;
+    ran++;
+  }
+  return ran;
+}
+
+/* ======================================================================================== */
+/* The progress engine (proxy): fetches posted operations and advances their works.        */
+/* ======================================================================================== */
+
+static volatile sig_atomic_t dumpRequests; /* bumped by the GCOMM_PROXY_DUMP_SIGNAL handler */
+static void dumpSignalHandler(int sig) {
+  (void)sig;
+  dumpRequests++;
+}
+
+static void opFinished(gcommComm_t comm, gcommOp_t* op) {
+  free(op);
+  __atomic_add_fetch(&comm->opsDone, 1, __ATOMIC_RELEASE);
+  if (__atomic_load_n(&comm->waiters, __ATOMIC_ACQUIRE) > 0) {
+    pthread_mutex_lock(&comm->doneLock);
+    pthread_cond_broadcast(&comm->doneCond);
+    pthread_mutex_unlock(&comm->doneLock);
+  }
+}
+
+static void workFinished(gcommComm_t comm, gcommWork_t* w) {
+  comm->nActiveWorks--;
+  if (--w->op->nWorksLeft == 0) opFinished(comm, w->op);
+}
+
+/* Moves up to max posted operations into the queues. */
+static void fetchPosted(gcommComm_t comm, long max) {
+  if (comm->postedHead == NULL) return; /* racy peek; the next pass sees what it missed */
+  pthread_mutex_lock(&comm->postLock);
+  for (long k = 0; k < max && comm->postedHead != NULL; k++) {
+    gcommOp_t* op = comm->postedHead;
+    comm->postedHead = op->next;
+    if (comm->postedHead == NULL) comm->postedTail = NULL;
+    for (int i = 0; i < op->nWorks; i++) {
+      gcommWork_t* w = &op->works[i];
+      gcommQueue_t* q = &comm->queues[w->queue];
+      w->next = NULL;
+      if (q->tail) q->tail->next = w;
+      else q->head = w;
+      q->tail = w;
+    }
+    comm->nActiveWorks += op->nWorks;
+  }
+  pthread_mutex_unlock(&comm->postLock);
+}
+
+/* After an error or an abort nothing can move any more: finish every operation as failed. */
+static void drainAll(gcommComm_t comm) {
+  fetchPosted(comm, LONG_MAX);
+  for (int q = 0; q < comm->nQueues; q++) {
+    while (comm->queues[q].head != NULL) {
+      gcommWork_t* w = comm->queues[q].head;
+      comm->queues[q].head = w->next;
+      workFinished(comm, w);
+    }
+    comm->queues[q].tail = NULL;
+  }
+}
+
+/* Records the error that stops the communicator (the first one wins). */
+static void setAsyncError(gcommComm_t comm, gcommResult_t res) {
+  int expected = gcommSuccess;
+  __atomic_compare_exchange_n(&comm->asyncError, &expected, (int)res, 0, __ATOMIC_ACQ_REL,
+                              __ATOMIC_ACQUIRE);
+}
+
+static void dumpState(gcommComm_t comm) {
+  fprintf(stderr, "gcomm dump: rank %d/%d comm \"%s\" pid %d: %llu ops posted, %llu done, %ld "
+          "works active, async error: %s\n", comm->rank, comm->nranks, comm->name, (int)getpid(),
+          (unsigned long long)comm->opsPosted, (unsigned long long)comm->opsDone,
+          comm->nActiveWorks, gcommGetErrorString((gcommResult_t)comm->asyncError));
+  for (int q = 0; q < comm->nQueues; q++) {
+    gcommWork_t* w = comm->queues[q].head;
+    if (w == NULL) continue;
+    int queued = 0;
+    for (gcommWork_t* x = w->next; x; x = x->next) queued++;
+    const gcommOp_t* op = w->op;
+    fprintf(stderr, "gcomm dump: rank %d queue %d: %s seq %llu count %zu %s %s algo %s channel "
+            "%d step %ld/%ld", comm->rank, q, funcNames[op->func], (unsigned long long)op->seq,
+            op->count, typeNames[op->datatype], opNames[op->redop], algoNames[op->algo],
+            w->lane, w->step, w->nSteps);
+    if (w->waitSinceNs) {
+      gcommConn_t* c = w->waitRecv ? recvConn(comm, w->lane, w->waitPeer)
+                                   : sendConn(comm, w->lane, w->waitPeer);
+      fprintf(stderr, ", waiting %llu ms to %s rank %d (fifo tail %llu head %llu)",
+              (unsigned long long)((gcommNowNs() - w->waitSinceNs) / 1000000),
+              w->waitRecv ? "receive from" : "send to", w->waitPeer,
+              (unsigned long long)c->fifo->tail, (unsigned long long)c->fifo->head);
+    }
+    fprintf(stderr, "; %d more queued\n", queued);
+  }
+}
+
+/* One pass: every queue's head work runs its ready steps. Returns whether anything moved.
+ * Only one thread at a time runs a pass (comm->progressLock). */
+static int progressPass(gcommComm_t comm) {
+  int moved = 0;
+  comm->passes++;
+  if (comm->dumpSeen != (uint64_t)dumpRequests) {
+    comm->dumpSeen = (uint64_t)dumpRequests;
+    dumpState(comm);
+  }
+  if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess) {
+    if (comm->nActiveWorks > 0 || comm->postedHead != NULL) moved = 1;
+    drainAll(comm);
+    return moved;
+  }
+  if (comm->nActiveWorks == 0 || comm->passes % comm->params.appendFreq == 0)
+    fetchPosted(comm, comm->params.appendBatch);
+  for (int q = 0; q < comm->nQueues && comm->nActiveWorks > 0; q++) {
+    gcommWork_t* w;
+    while ((w = comm->queues[q].head) != NULL) {
+      gcommResult_t res = gcommSuccess;
+      int ran = advanceWork(comm, w, &res);
+      if (ran < 0) {
+        setAsyncError(comm, res);
+        drainAll(comm);
+        return 1;
+      }
+      moved |= ran > 0;
+      if (w->step < w->nSteps) break;
+      comm->queues[q].head = w->next;
+      if (w->next == NULL) comm->queues[q].tail = NULL;
+      workFinished(comm, w);
+      moved = 1;
+    }
+  }
+  return moved;
+}
+
+static void* progressThread(void* arg) {
+  gcommComm_t comm = (gcommComm_t)arg;
+  unsigned idle = 0;
+  pthread_mutex_lock(&comm->progressLock);
+  while (!__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
+    if (progressPass(comm)) {
+      idle = 0;
+      continue;
+    }
+    if (comm->nActiveWorks == 0) { /* nothing to do: sleep until something is posted */
+      pthread_mutex_unlock(&comm->progressLock);
+      pthread_mutex_lock(&comm->postLock);
+      if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000; /* wake now and then to see dump requests */
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&comm->postCond, &comm->postLock, &ts);
+      }
+      pthread_mutex_unlock(&comm->postLock);
+      pthread_mutex_lock(&comm->progressLock);
+      idle = 0;
+    } else {
+      pthread_mutex_unlock(&comm->progressLock);
+      backoff(&idle);
+      pthread_mutex_lock(&comm->progressLock);
+    }
+  }
+  pthread_mutex_unlock(&comm->progressLock);
+  return NULL;
+}
+
+static gcommResult_t startThreadOnce(gcommComm_t comm) {
+  if (comm->params.proxyMode != GCOMM_PROXY_THREAD || comm->threadStarted) return gcommSuccess;
+  pthread_mutex_lock(&comm->postLock);
+  int err = 0;
+  if (!comm->threadStarted) {
+    err = pthread_create(&comm->thread, NULL, progressThread, comm);
+    if (err == 0) comm->threadStarted = 1;
+  }
+  pthread_mutex_unlock(&comm->postLock);
+  if (err != 0)
+    return GCOMM_ERROR(comm, gcommSystemError, -1, "cannot start the progress thread: %s",
+                       strerror(err));
+  return gcommSuccess;
+}
+
+/* Hands a list of operations to the engine. */
+static gcommResult_t postOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, int n) {
+  GCOMM_CHECK(startThreadOnce(comm));
+  pthread_mutex_lock(&comm->postLock);
+  __atomic_add_fetch(&comm->opsPosted, n, __ATOMIC_ACQ_REL);
+  if (comm->postedTail) comm->postedTail->next = head;
+  else comm->postedHead = head;
+  comm->postedTail = tail;
+  pthread_cond_signal(&comm->postCond);
+  pthread_mutex_unlock(&comm->postLock);
+  return gcommSuccess;
+}
+
+/* ======================================================================================== */
+/* Communicators: bootstrap over MPI, split, destroy, abort, queries.                       */
+/* ======================================================================================== */
+
+#define MPI_CHECK(comm, call)                                                                  \
+  do {                                                                                         \
+    int mpiErr_ = (call);                                                                      \
+    if (mpiErr_ != MPI_SUCCESS)                                                                \
+      return GCOMM_ERROR(comm, gcommSystemError, -1, "%s failed (MPI error %d)", #call, mpiErr_); \
+  } while (0)
+
+/* Every rank learns whether every rank succeeded, so that no rank waits in a later collective
+ * step for a rank that has given up. */
+static gcommResult_t agree(gcommComm_t comm, gcommResult_t mine, const char* what) {
+  int worst = mine;
+  MPI_CHECK(comm, MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_INT, MPI_MAX, comm->mpiComm));
+  if (worst != gcommSuccess && mine == gcommSuccess)
+    return GCOMM_ERROR(comm, gcommRemoteError, -1, "another rank failed during %s", what);
+  return (gcommResult_t)worst == gcommSuccess ? gcommSuccess : mine;
+}
+
+static uint64_t hashString(const char* s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+/* Which ranks share a node: MPI_COMM_TYPE_SHARED, or GCOMM_HOSTID when set, so that one machine
+ * can pretend to be several nodes. The node's id is its first rank. */
+static gcommResult_t detectNode(gcommComm_t comm, uint64_t* hostId) {
+  MPI_Comm node;
+  int leader = comm->rank;
+  if (comm->params.hostId != NULL)
+    MPI_CHECK(comm, MPI_Comm_split(comm->mpiComm,
+                                   (int)(hashString(comm->params.hostId) & 0x7fffffff),
+                                   comm->rank, &node));
+  else
+    MPI_CHECK(comm, MPI_Comm_split_type(comm->mpiComm, MPI_COMM_TYPE_SHARED, comm->rank,
+                                        MPI_INFO_NULL, &node));
+  MPI_CHECK(comm, MPI_Bcast(&leader, 1, MPI_INT, 0, node));
+  MPI_CHECK(comm, MPI_Comm_size(node, &comm->nLocal));
+  MPI_Comm_free(&node);
+  *hostId = (uint64_t)leader;
+  return gcommSuccess;
+}
+
+static gcommResult_t checkConfig(const gcommConfig_t* config) {
+  if (config == NULL) return gcommSuccess;
+  if (config->magic != GCOMM_CONFIG_MAGIC || config->size != sizeof(gcommConfig_t))
+    return GCOMM_ERROR(NULL, gcommInvalidArgument, -1,
+                       "config was not initialised with GCOMM_CONFIG_INITIALIZER");
+  if (config->proxyMode != GCOMM_CONFIG_UNDEF_INT && config->proxyMode != GCOMM_PROXY_THREAD &&
+      config->proxyMode != GCOMM_PROXY_POLL)
+    return GCOMM_ERROR(NULL, gcommInvalidArgument, -1,
+                       "config->proxyMode %d is neither GCOMM_PROXY_THREAD nor GCOMM_PROXY_POLL",
+                       config->proxyMode);
+  if (config->nChannels != GCOMM_CONFIG_UNDEF_INT &&
+      (config->nChannels < 1 || config->nChannels > 32))
+    return GCOMM_ERROR(NULL, gcommInvalidArgument, -1, "config->nChannels %d is not in 1..32",
+                       config->nChannels);
+  if (config->device != GCOMM_CONFIG_UNDEF_INT && config->device != GCOMM_DEVICE_HOST)
+    return GCOMM_ERROR(NULL, gcommInvalidArgument, -1,
+                       "config->device %d: this build has no GPU support (build with CUDA=1 or "
+                       "HIP=1), use GCOMM_DEVICE_HOST",
+                       config->device);
+  return gcommSuccess;
+}
+
+static void tuningPrint(gcommComm_t comm);
+
+/* Everything after the MPI communicator exists; on failure the caller frees comm. */
+static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
+  static int commCounter;
+  gcommCard_t card;
+  uint64_t hostId = 0;
+  MPI_CHECK(comm, MPI_Comm_rank(comm->mpiComm, &comm->rank));
+  MPI_CHECK(comm, MPI_Comm_size(comm->mpiComm, &comm->nranks));
+  paramsLoad(comm, config);
+  paramsPrint(comm);
+  comm->device = GCOMM_DEVICE_HOST;
+  snprintf(comm->name, sizeof(comm->name), "%s",
+           config && config->commName ? config->commName : "");
+  if (comm->name[0] == 0)
+    snprintf(comm->name, sizeof(comm->name), "comm%d",
+             __atomic_fetch_add(&commCounter, 1, __ATOMIC_RELAXED));
+  comm->nChannels = comm->params.nChannels;
+  comm->nLanes = comm->nChannels + 1;
+  comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
+  GCOMM_CHECK(detectNode(comm, &hostId));
+
+  memset(&card, 0, sizeof(card));
+  card.hostId = hostId;
+  card.pid = getpid();
+  card.device = comm->device;
+  gethostname(card.host, sizeof(card.host) - 1);
+  gcommResult_t res = gcommShmCreate(comm, &card);
+  GCOMM_CHECK(agree(comm, res, "shared-memory setup"));
+  comm->cards = calloc(comm->nranks, sizeof(gcommCard_t));
+  if (comm->cards == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  MPI_CHECK(comm, MPI_Allgather(&card, sizeof(card), MPI_BYTE, comm->cards, sizeof(card),
+                                MPI_BYTE, comm->mpiComm));
+  /* the lanes and slot size must agree: they shape every FIFO */
+  int shape[2] = {comm->nLanes, (int)comm->slotBytes}, lo[2], hi[2];
+  MPI_CHECK(comm, MPI_Allreduce(shape, lo, 2, MPI_INT, MPI_MIN, comm->mpiComm));
+  MPI_CHECK(comm, MPI_Allreduce(shape, hi, 2, MPI_INT, MPI_MAX, comm->mpiComm));
+  if (lo[0] != hi[0] || lo[1] != hi[1])
+    return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
+                       "ranks disagree on GCOMM_NCHANNELS (%d..%d) or GCOMM_BUFFSIZE: set them "
+                       "the same on every rank",
+                       lo[0] - 1, hi[0] - 1);
+  for (int p = 0; p < comm->nranks; p++)
+    if (comm->cards[p].hostId != hostId)
+      return GCOMM_ERROR(comm, gcommInvalidUsage, p,
+                         "rank %d is on another node and this build has no network transport "
+                         "(build with OFI=1)",
+                         p);
+
+  comm->sendConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
+  comm->recvConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
+  comm->nQueues = comm->nChannels + 2 * comm->nranks;
+  comm->queues = calloc(comm->nQueues, sizeof(gcommQueue_t));
+  res = comm->sendConns && comm->recvConns && comm->queues
+            ? gcommShmConnect(comm)
+            : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  GCOMM_CHECK(agree(comm, res, "shared-memory connection"));
+  gcommShmUnlink(comm); /* every rank has mapped every segment it needs */
+
+  if (comm->params.dumpSignal > 0) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = dumpSignalHandler;
+    sa.sa_flags = SA_RESTART;
+    sigaction((int)comm->params.dumpSignal, &sa, NULL);
+  }
+  GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
+             "comm \"%s\" rank %d/%d: %d local ranks, %d channels, %zu-byte FIFO slots, proxy "
+             "%s, pid %d",
+             comm->name, comm->rank, comm->nranks, comm->nLocal, comm->nChannels,
+             comm->slotBytes, proxyModeNames[comm->params.proxyMode], (int)getpid());
+  tuningPrint(comm);
+  return gcommSuccess;
+}
+
+static void commFree(gcommComm_t comm) {
+  int finalized = 1;
+  if (comm->threadStarted) {
+    pthread_mutex_lock(&comm->postLock);
+    __atomic_store_n(&comm->stopThread, 1, __ATOMIC_RELEASE);
+    pthread_cond_signal(&comm->postCond);
+    pthread_mutex_unlock(&comm->postLock);
+    pthread_join(comm->thread, NULL);
+  }
+  if (comm->queues) drainAll(comm); /* frees whatever never ran */
+  gcommShmFree(comm);
+  free(comm->sendConns);
+  free(comm->recvConns);
+  free(comm->queues);
+  free(comm->cards);
+  MPI_Finalized(&finalized);
+  if (!finalized && comm->mpiComm != MPI_COMM_NULL) MPI_Comm_free(&comm->mpiComm);
+  pthread_mutex_destroy(&comm->postLock);
+  pthread_cond_destroy(&comm->postCond);
+  pthread_mutex_destroy(&comm->progressLock);
+  pthread_mutex_destroy(&comm->doneLock);
+  pthread_cond_destroy(&comm->doneCond);
+  pthread_mutex_destroy(&comm->errorLock);
+  comm->magic = 0;
+  free(comm);
+}
+
+/* Takes ownership of mpiComm (already private to gcomm). */
+static gcommResult_t commCreate(gcommComm_t* out, MPI_Comm mpiComm, const gcommConfig_t* config) {
+  gcommComm_t comm = calloc(1, sizeof(*comm));
+  if (comm == NULL) {
+    MPI_Comm_free(&mpiComm);
+    return GCOMM_ERROR(NULL, gcommSystemError, -1, "out of memory");
+  }
+  comm->magic = GCOMM_COMM_MAGIC;
+  comm->mpiComm = mpiComm;
+  pthread_mutex_init(&comm->postLock, NULL);
+  pthread_cond_init(&comm->postCond, NULL);
+  pthread_mutex_init(&comm->progressLock, NULL);
+  pthread_mutex_init(&comm->doneLock, NULL);
+  pthread_cond_init(&comm->doneCond, NULL);
+  pthread_mutex_init(&comm->errorLock, NULL);
+  gcommResult_t res = commSetup(comm, config);
+  if (res != gcommSuccess) {
+    snprintf(threadLastError, sizeof(threadLastError), "%s", comm->lastError);
+    commFree(comm);
+    return res;
+  }
+  *out = comm;
+  return gcommSuccess;
+}
+
+gcommResult_t gcommCommInitMPI(gcommComm_t* comm, MPI_Comm mpiComm, const gcommConfig_t* config) {
+  int initialized = 0, finalized = 0;
+  MPI_Comm dup;
+  if (comm == NULL) return GCOMM_ERROR(NULL, gcommInvalidArgument, -1, "comm is NULL");
+  *comm = NULL;
+  GCOMM_CHECK(checkConfig(config));
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized)
+    return GCOMM_ERROR(NULL, gcommInvalidUsage, -1, "MPI is not initialised (or is finalised)");
+  if (mpiComm == MPI_COMM_NULL)
+    return GCOMM_ERROR(NULL, gcommInvalidArgument, -1, "mpiComm is MPI_COMM_NULL");
+  int err = MPI_Comm_dup(mpiComm, &dup);
+  if (err != MPI_SUCCESS)
+    return GCOMM_ERROR(NULL, gcommSystemError, -1, "MPI_Comm_dup failed (MPI error %d)", err);
+  return commCreate(comm, dup, config);
+}
+
+static gcommResult_t checkComm(gcommComm_t comm, const char* where) {
+  if (comm == NULL) return gcommSetError(NULL, gcommInvalidArgument, -1, where, "comm is NULL");
+  if (comm->magic != GCOMM_COMM_MAGIC)
+    return gcommSetError(NULL, gcommInvalidArgument, -1, where,
+                         "comm is not a valid communicator (destroyed?)");
+  return gcommSuccess;
+}
+
+gcommResult_t gcommCommSplit(gcommComm_t comm, int color, int key, gcommComm_t* newcomm,
+                             const gcommConfig_t* config) {
+  MPI_Comm split;
+  GCOMM_CHECK(checkComm(comm, __func__));
+  if (newcomm == NULL) return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "newcomm is NULL");
+  *newcomm = NULL;
+  if (color < 0 && color != GCOMM_SPLIT_NOCOLOR)
+    return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
+                       "color %d is negative (use GCOMM_SPLIT_NOCOLOR to join no communicator)",
+                       color);
+  GCOMM_CHECK(checkConfig(config));
+  gcommConfig_t inherited = GCOMM_CONFIG_INITIALIZER;
+  if (config == NULL) {
+    inherited.proxyMode = comm->params.proxyMode;
+    inherited.nChannels = comm->nChannels;
+    config = &inherited;
+  }
+  MPI_CHECK(comm, MPI_Comm_split(comm->mpiComm, color == GCOMM_SPLIT_NOCOLOR ? MPI_UNDEFINED : color,
+                                 key, &split));
+  if (split == MPI_COMM_NULL) return gcommSuccess;
+  return commCreate(newcomm, split, config);
+}
+
+gcommResult_t gcommCommAbort(gcommComm_t comm) {
+  GCOMM_CHECK(checkComm(comm, __func__));
+  __atomic_store_n(&comm->abortFlag, 1, __ATOMIC_RELEASE);
+  setAsyncError(comm, gcommAborted);
+  pthread_mutex_lock(&comm->postLock);
+  pthread_cond_signal(&comm->postCond);
+  pthread_mutex_unlock(&comm->postLock);
+  pthread_mutex_lock(&comm->doneLock);
+  pthread_cond_broadcast(&comm->doneCond);
+  pthread_mutex_unlock(&comm->doneLock);
+  return gcommSuccess;
+}
+
+gcommResult_t gcommCommDestroy(gcommComm_t comm) {
+  GCOMM_CHECK(checkComm(comm, __func__));
+  gcommResult_t res = gcommSuccess;
+  if (__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
+    res = gcommWait(comm, NULL); /* outstanding work finishes first */
+  commFree(comm);
+  return res == gcommAborted ? gcommSuccess : res;
+}
+
+gcommResult_t gcommCommGetAsyncError(gcommComm_t comm, gcommResult_t* asyncError) {
+  GCOMM_CHECK(checkComm(comm, __func__));
+  if (asyncError == NULL) return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "asyncError is NULL");
+  *asyncError = (gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE);
+  return gcommSuccess;
+}
+
+#define DEFINE_QUERY(NAME, ARG, FIELD)                                                 \
+  gcommResult_t NAME(const gcommComm_t comm, int* ARG) {                              \
+    GCOMM_CHECK(checkComm(comm, __func__));                                            \
+    if (ARG == NULL) return GCOMM_ERROR(comm, gcommInvalidArgument, -1, #ARG " is NULL"); \
+    *ARG = comm->FIELD;                                                                \
+    return gcommSuccess;                                                               \
+  }
+DEFINE_QUERY(gcommCommCount, count, nranks)
+DEFINE_QUERY(gcommCommUserRank, rank, rank)
+DEFINE_QUERY(gcommCommDevice, device, device)
+
+/* ======================================================================================== */
+/* The cost model: time = hops * alpha + bytes * dataFactor / bandwidth, per algorithm.     */
+/* ======================================================================================== */
+
+/* Measured on host shared memory (docs/PERF.md): a hop is one FIFO slot handed from one rank
+ * to the next; bandwidth is what one rank's copy/reduce loops move. */
+#define HOST_ALPHA_US 2.0
+#define HOST_BW_BYTES_PER_US 4000.0
+
+static int log2Up(int n) {
+  int l = 0;
+  while ((1 << l) < n) l++;
+  return l;
+}
+
+/* Predicted microseconds, or a negative value when func has no such algorithm. `bytes` is the
+ * size nccl-tests reports: the whole buffer (AllGather: the output; ReduceScatter: the input). */
+static double predictUs(int func, int algo, int n, double bytes) {
+  double hops, data;
+  if (gcommSchedAlgo(func, algo) != algo) return -1;
+  if (n == 1) return bytes / HOST_BW_BYTES_PER_US;
+  switch (func) {
+    case gcommFuncAllReduce:
+      hops = algo == gcommAlgoRing ? 2 * (n - 1) : algo == gcommAlgoTree ? 2 * log2Up(n) : 2;
+      data = algo == gcommAlgoRing ? 4.0 * (n - 1) / n : algo == gcommAlgoTree ? 4 : 2.0 * (n - 1);
+      break;
+    case gcommFuncBroadcast:
+    case gcommFuncReduce:
+      hops = algo == gcommAlgoRing ? n - 1 : algo == gcommAlgoTree ? log2Up(n) : 1;
+      data = algo == gcommAlgoRing ? 2 : algo == gcommAlgoTree ? 3 : n - 1;
+      break;
+    case gcommFuncAllGather:
+    case gcommFuncReduceScatter:
+      hops = algo == gcommAlgoRing ? n - 1 : 1;
+      data = (algo == gcommAlgoRing ? 2.0 : 3.0) * (n - 1) / n;
+      break;
+    default: hops = 1, data = 2.0 * (n - 1) / n;
+  }
+  return hops * HOST_ALPHA_US + bytes * data / HOST_BW_BYTES_PER_US;
+}
+
+static int chooseAlgo(gcommComm_t comm, int func, size_t bytes) {
+  if (comm->params.algo >= 0) return gcommSchedAlgo(func, comm->params.algo);
+  int best = gcommSchedAlgo(func, gcommAlgoRing);
+  double bestUs = predictUs(func, best, comm->nranks, (double)bytes);
+  for (int a = 0; a < gcommNumAlgos; a++) {
+    double us = predictUs(func, a, comm->nranks, (double)bytes);
+    if (us >= 0 && us < bestUs) best = a, bestUs = us;
+  }
+  return best;
+}
+
+/* Channels pay off once each gets a few slots of data. */
+static int chooseChannels(gcommComm_t comm, int func, size_t bytes) {
+  if (func == gcommFuncSend || func == gcommFuncRecv) return 1;
+  size_t perChannel = 4 * comm->slotBytes;
+  size_t nc = bytes / perChannel;
+  return nc < 1 ? 1 : nc > (size_t)comm->nChannels ? comm->nChannels : (int)nc;
+}
+
+static void tuningPrint(gcommComm_t comm) {
+  if (comm->rank != 0 || !gcommLogEnabled(GCOMM_LOG_INFO, GCOMM_SUBSYS_TUNING)) return;
+  for (int f = 0; f <= gcommFuncReduceScatter; f++) {
+    for (double bytes = 1024; bytes <= 256.0 * 1024 * 1024; bytes *= 16) {
+      char line[256];
+      int len = 0;
+      for (int a = 0; a < gcommNumAlgos; a++) {
+        double us = predictUs(f, a, comm->nranks, bytes);
+        if (us >= 0) len += snprintf(line + len, sizeof(line) - len, " %s %.1f us", algoNames[a], us);
+      }
+      GCOMM_INFO(GCOMM_SUBSYS_TUNING, comm, "%-13s %10.0f B: picks %-6s (model:%s)", funcNames[f],
+                 bytes, algoNames[chooseAlgo(comm, f, (size_t)bytes)], line);
+    }
+  }
+}
+
+/* ======================================================================================== */
+/* Argument checks: a bad call says which argument and why, and changes nothing.            */
+/* ======================================================================================== */
+
+/* A CUDA device pointer on a host communicator. libcuda is only asked if the process has
+ * already loaded it: without it there can be no device pointers. */
+static int isDevicePointer(const void* ptr) {
+  typedef int (*getAttr_t)(void* data, int attribute, unsigned long long ptr);
+  static getAttr_t getAttr;
+  static int looked;
+  if (!__atomic_load_n(&looked, __ATOMIC_ACQUIRE)) {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib != NULL) getAttr = (getAttr_t)dlsym(lib, "cuPointerGetAttribute");
+    __atomic_store_n(&looked, 1, __ATOMIC_RELEASE);
+  }
+  unsigned int memType = 0, managed = 0;
+  if (getAttr == NULL || ptr == NULL) return 0;
+  if (getAttr(&memType, 2 /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */, (unsigned long long)ptr) != 0)
+    return 0;
+  getAttr(&managed, 8 /* CU_POINTER_ATTRIBUTE_IS_MANAGED */, (unsigned long long)ptr);
+  return memType == 2 /* CU_MEMORYTYPE_DEVICE */ && !managed;
+}
+
+/* Elements each side of op uses on this rank (0 where a buffer is unused). */
+static void bufferCounts(const gcommOp_t* op, int rank, int n, size_t* inCount, size_t* outCount) {
+  size_t c = op->count;
+  int isRoot = rank == op->root;
+  switch (op->func) {
+    case gcommFuncAllReduce: *inCount = c, *outCount = c; return;
+    case gcommFuncBroadcast: *inCount = isRoot ? c : 0, *outCount = c; return;
+    case gcommFuncReduce: *inCount = c, *outCount = isRoot ? c : 0; return;
+    case gcommFuncAllGather: *inCount = c, *outCount = c * n; return;
+    case gcommFuncReduceScatter: *inCount = c * n, *outCount = c; return;
+    case gcommFuncAllToAll: *inCount = c * n, *outCount = c * n; return;
+    case gcommFuncGather: *inCount = c, *outCount = isRoot ? c * n : 0; return;
+    case gcommFuncScatter: *inCount = isRoot ? c * n : 0, *outCount = c; return;
+    case gcommFuncSend: *inCount = c, *outCount = 0; return;
+    default: *inCount = 0, *outCount = c; return;
+  }
+}
+
+/* The in-place layouts of gcomm.h: the one overlap that is allowed. */
+static int isInPlace(const gcommOp_t* op, int rank, size_t esz) {
+  const char *in = op->sendbuff, *out = op->recvbuff;
+  size_t blk = op->count * esz * rank;
+  switch (op->func) {
+    case gcommFuncAllReduce:
+    case gcommFuncBroadcast:
+    case gcommFuncReduce: return in == out;
+    case gcommFuncAllGather:
+    case gcommFuncGather: return in == out + blk;
+    case gcommFuncReduceScatter:
+    case gcommFuncScatter: return out == in + blk;
+    default: return 0;
+  }
+}
+
+static int isReduction(int func) {
+  return func == gcommFuncAllReduce || func == gcommFuncReduce || func == gcommFuncReduceScatter;
+}
+
+static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* where) {
+  int n = comm->nranks;
+  size_t inCount, outCount;
+#define BAD(...) gcommSetError(comm, gcommInvalidArgument, -1, where, __VA_ARGS__)
+  if ((unsigned)op->datatype >= gcommNumTypes)
+    return BAD("datatype %d is not a gcommDataType_t (0..%d)", op->datatype, gcommNumTypes - 1);
+  if (isReduction(op->func) && (unsigned)op->redop >= gcommNumOps)
+    return BAD("op %d is not a gcommRedOp_t (0..%d)", op->redop, gcommNumOps - 1);
+  if ((op->func == gcommFuncBroadcast || op->func == gcommFuncReduce ||
+       op->func == gcommFuncGather || op->func == gcommFuncScatter) &&
+      (op->root < 0 || op->root >= n))
+    return BAD("root %d is not a rank of this communicator (0..%d)", op->root, n - 1);
+  if ((op->func == gcommFuncSend || op->func == gcommFuncRecv) && (op->peer < 0 || op->peer >= n))
+    return BAD("peer %d is not a rank of this communicator (0..%d)", op->peer, n - 1);
+  size_t esz = gcommTypeSize(op->datatype);
+  if (op->count > SIZE_MAX / 2 / esz / (size_t)n)
+    return BAD("count %zu of %s is too large", op->count, typeNames[op->datatype]);
+  bufferCounts(op, comm->rank, n, &inCount, &outCount);
+  if (inCount > 0 && op->sendbuff == NULL)
+    return BAD("sendbuff is NULL but %s sends %zu elements from it on rank %d",
+               funcNames[op->func], inCount, comm->rank);
+  if (outCount > 0 && op->recvbuff == NULL)
+    return BAD("recvbuff is NULL but %s receives %zu elements into it on rank %d",
+               funcNames[op->func], outCount, comm->rank);
+  if (inCount > 0 && isDevicePointer(op->sendbuff))
+    return BAD("sendbuff %p is GPU memory but this is a host communicator", op->sendbuff);
+  if (outCount > 0 && isDevicePointer(op->recvbuff))
+    return BAD("recvbuff %p is GPU memory but this is a host communicator", op->recvbuff);
+  if (inCount > 0 && outCount > 0 && !isInPlace(op, comm->rank, esz)) {
+    const char *in = op->sendbuff, *out = op->recvbuff;
+    if (in < out + outCount * esz && out < in + inCount * esz)
+      return BAD("sendbuff [%p, +%zu B) and recvbuff [%p, +%zu B) overlap and are not the "
+                 "in-place layout of %s",
+                 op->sendbuff, inCount * esz, op->recvbuff, outCount * esz, funcNames[op->func]);
+  }
+  if (inCount == 0) op->sendbuff = NULL; /* never touched: the schedule reads no such buffer */
+  if (outCount == 0) op->recvbuff = NULL;
+  if (!isReduction(op->func)) op->redop = gcommSum;
+  return gcommSuccess;
+#undef BAD
+}
+
+/* ======================================================================================== */
+/* Enqueue and groups                                                                       */
+/* ======================================================================================== */
+
+static __thread int groupDepth;
+static __thread gcommComm_t groupComms; /* communicators with operations held by the group */
+
+/* Splits a checked operation into its works: one per channel (collectives), or one (p2p). */
+static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
+  int n = comm->nranks, isP2p = args->func == gcommFuncSend || args->func == gcommFuncRecv;
+  size_t esz = gcommTypeSize(args->datatype), inCount, outCount;
+  bufferCounts(args, comm->rank, n, &inCount, &outCount);
+  size_t bytes = (isP2p ? args->count : (inCount > outCount ? inCount : outCount)) * esz;
+  if (args->func == gcommFuncBroadcast || args->func == gcommFuncReduce) bytes = args->count * esz;
+  int algo = isP2p ? gcommAlgoDirect : chooseAlgo(comm, args->func, bytes);
+  int nch = chooseChannels(comm, args->func, bytes);
+  gcommOp_t* op = calloc(1, sizeof(gcommOp_t) + nch * sizeof(gcommWork_t));
+  if (op == NULL) return NULL;
+  *op = *args;
+  op->algo = algo;
+  op->nChannels = nch;
+  op->seq = isP2p ? 0 : comm->collSeq++;
+  size_t align = esz >= 16 ? 1 : 16 / esz;
+  size_t chunk = (comm->slotBytes / esz) / align * align;
+  size_t per = gcommDivUp(gcommDivUp(args->count, nch), align) * align;
+  for (int c = 0; c < nch; c++) {
+    size_t off = per * c;
+    if (off >= args->count) break;
+    gcommWork_t* w = &op->works[op->nWorks];
+    w->op = op;
+    w->sched.func = args->func;
+    w->sched.algo = algo;
+    w->sched.nranks = n;
+    w->sched.rank = comm->rank;
+    w->sched.root = args->root;
+    w->sched.peer = args->peer;
+    w->sched.count = args->count;
+    w->sched.chanOff = off;
+    w->sched.chanCount = gcommMinSize(per, args->count - off);
+    w->sched.chunk = chunk;
+    w->sched.align = align;
+    w->nSteps = gcommSchedNumSteps(&w->sched);
+    if (w->nSteps == 0) continue;
+    if (args->func == gcommFuncSend) w->queue = comm->nChannels + args->peer, w->lane = comm->nChannels;
+    else if (args->func == gcommFuncRecv) w->queue = comm->nChannels + n + args->peer, w->lane = comm->nChannels;
+    else w->queue = w->lane = c;
+    op->nWorks++;
+  }
+  op->nWorksLeft = op->nWorks;
+  return op;
+}
+
+static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
+                             const char* where) {
+  GCOMM_CHECK(checkComm(comm, where));
+  if (stream != NULL)
+    return gcommSetError(comm, gcommInvalidArgument, -1, where,
+                         "stream must be NULL on a host communicator");
+  gcommResult_t async = (gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE);
+  if (async != gcommSuccess)
+    return gcommSetError(comm, async, -1, where,
+                         "the communicator has stopped on an earlier error: %s", comm->lastError);
+  GCOMM_CHECK(checkArgs(comm, args, where));
+  gcommOp_t* op = buildOp(comm, args);
+  if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
+  GCOMM_TRACE(isReduction(op->func) ? GCOMM_SUBSYS_COLL : GCOMM_SUBSYS_P2P, comm,
+              "%s seq %llu count %zu %s %s root/peer %d algo %s channels %d works %d",
+              funcNames[op->func], (unsigned long long)op->seq, op->count,
+              typeNames[op->datatype], opNames[op->redop],
+              op->func >= gcommFuncSend ? op->peer : op->root, algoNames[op->algo],
+              op->nChannels, op->nWorks);
+  if (op->nWorks == 0) { /* nothing to move (count 0): complete at once */
+    __atomic_add_fetch(&comm->opsPosted, 1, __ATOMIC_ACQ_REL);
+    __atomic_add_fetch(&comm->opsDone, 1, __ATOMIC_ACQ_REL);
+    free(op);
+    return gcommSuccess;
+  }
+  if (groupDepth == 0) return postOps(comm, op, op, 1);
+  if (comm->groupTail) comm->groupTail->next = op;
+  else comm->groupHead = op;
+  comm->groupTail = op;
+  if (!comm->inGroup) {
+    comm->inGroup = 1;
+    comm->groupNext = groupComms;
+    groupComms = comm;
+  }
+  return gcommSuccess;
+}
+
+gcommResult_t gcommGroupStart(void) {
+  groupDepth++;
+  return gcommSuccess;
+}
+
+gcommResult_t gcommGroupEnd(void) {
+  gcommResult_t res = gcommSuccess;
+  if (groupDepth == 0)
+    return GCOMM_ERROR(NULL, gcommInvalidUsage, -1, "gcommGroupEnd without gcommGroupStart");
+  if (--groupDepth > 0) return gcommSuccess;
+  while (groupComms != NULL) { /* one post per communicator: the group is one launch */
+    gcommComm_t comm = groupComms;
+    groupComms = comm->groupNext;
+    int count = 0;
+    gcommOp_t* tail = NULL;
+    for (gcommOp_t* op = comm->groupHead; op; op = op->next) count++, tail = op;
+    gcommResult_t r = postOps(comm, comm->groupHead, tail, count);
+    if (r != gcommSuccess && res == gcommSuccess) res = r;
+    comm->groupHead = comm->groupTail = NULL;
+    comm->groupNext = NULL;
+    comm->inGroup = 0;
+  }
+  return res;
+}
+
+#define OP_ARGS(F, S, R, C, T, O, ROOT, PEER) \
+  {.func = (F), .sendbuff = (S), .recvbuff = (R), .count = (C), .datatype = (T), .redop = (O), \
+   .root = (ROOT), .peer = (PEER)}
+
+gcommResult_t gcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                             gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,
+                             gcommStream_t stream) {
+  gcommOp_t a = OP_ARGS(gcommFuncAllReduce, sendbuff, recvbuff, count, datatype, op, 0, -1);
+  return enqueue(comm, &a, stream, __func__);
+}
+gcommResult_t gcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                             gcommDataType_t datatype, int root, gcommComm_t comm,
+                             gcommStream_t stream) {
+  gcommOp_t a = OP_ARGS(gcommFuncBroadcast, sendbuff, recvbuff, count, datatype, 0, root, -1);
+  return enqueue(comm, &a, stream, __func__);
+}
+gcommResult_t gcommReduce(const void* sendbuff, void* recvbuff, size_t count,
+                          gcommDataType_t datatype, gcommRedOp_t op, int root, gcommComm_t comm,
+                          gcommStream_t stream) {
+  gcommOp_t a = OP_ARGS(gcommFuncReduce, sendbuff, recvbuff, count, datatype, op, root, -1);
+  return enqueue(comm, &a, stream, __func__);
+}
+gcommResult_t gcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                             gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
+  gcommOp_t a = OP_ARGS(gcommFuncAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0, -1);
+  return enqueue(comm, &a, stream, __func__);
+}
+gcommResult_t gcommReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                 gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,
+                                 gcommStream_t stream) {
+  gcommOp_t a = OP_ARGS(gcommFuncReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, -1);
+  return enqueue(comm, &a, stream, __func__);
+}
+gcommResult_t gcommAllToAll(const void* sendbuff, void* recvbuff, size_t count,
+                            gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
+  gcommOp_t a = OP_ARGS(gcommFuncAllToAll, sendbuff, recvbuff, count, datatype, 0, 0, -1);
+  return enqueue(comm, &a, stream, __func__);
+}
+gcommResult_t gcommGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                          gcommDataType_t datatype, int root, gcommComm_t comm,
+                          gcommStream_t stream) {
+  gcommOp_t a = OP_ARGS(gcommFuncGather, sendbuff, recvbuff, sendcount, datatype, 0, root, -1);
+  return enqueue(comm, &a, stream, __func__);
+}
+gcommResult_t gcommScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                           gcommDataType_t datatype, int root, gcommComm_t comm,
+                           gcommStream_t stream) {
+  gcommOp_t a = OP_ARGS(gcommFuncScatter, sendbuff, recvbuff, recvcount, datatype, 0, root, -1);
+  return enqueue(comm, &a, stream, __func__);
+}
+gcommResult_t gcommSend(const void* sendbuff, size_t count, gcommDataType_t datatype, int peer,
+                        gcommComm_t comm, gcommStream_t stream) {
+  gcommOp_t a = OP_ARGS(gcommFuncSend, sendbuff, NULL, count, datatype, 0, -1, peer);
+  return enqueue(comm, &a, stream, __func__);
+}
+gcommResult_t gcommRecv(void* recvbuff, size_t count, gcommDataType_t datatype, int peer,
+                        gcommComm_t comm, gcommStream_t stream) {
+  gcommOp_t a = OP_ARGS(gcommFuncRecv, NULL, recvbuff, count, datatype, 0, -1, peer);
+  return enqueue(comm, &a, stream, __func__);
+}
+
+/* ======================================================================================== */
+/* Progress and completion                                                                  */
+/* ======================================================================================== */
+
+gcommResult_t gcommProgress(gcommComm_t comm) {
+  GCOMM_CHECK(checkComm(comm, __func__));
+  if (comm->params.proxyMode == GCOMM_PROXY_POLL) {
+    pthread_mutex_lock(&comm->progressLock);
+    progressPass(comm);
+    pthread_mutex_unlock(&comm->progressLock);
+  }
+  return gcommSuccess;
+}
+
+static int allDone(gcommComm_t comm, uint64_t target) {
+  return __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE) >= target;
+}
+
+/* The result of finished work: the communicator's error if it stopped, else success. */
+static gcommResult_t finalResult(gcommComm_t comm, const char* where) {
+  gcommResult_t res = (gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE);
+  if (res == gcommSuccess) return gcommSuccess;
+  if (res == gcommAborted) return gcommSetError(comm, res, -1, where, "the communicator was aborted");
+  return res; /* the engine already recorded what, where and which peer */
+}
+
+gcommResult_t gcommTest(gcommComm_t comm, gcommStream_t stream) {
+  GCOMM_CHECK(checkComm(comm, __func__));
+  if (stream != NULL)
+    return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "stream must be NULL on a host communicator");
+  uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
+  GCOMM_CHECK(gcommProgress(comm));
+  if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE)) return finalResult(comm, __func__);
+  return allDone(comm, target) ? finalResult(comm, __func__) : gcommInProgress;
+}
+
+gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
+  GCOMM_CHECK(checkComm(comm, __func__));
+  if (stream != NULL)
+    return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "stream must be NULL on a host communicator");
+  uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
+  uint64_t deadline = gcommNowNs() + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
+  unsigned idle = 0;
+  int poll = comm->params.proxyMode == GCOMM_PROXY_POLL;
+  while (!allDone(comm, target)) {
+    if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE)) return finalResult(comm, __func__);
+    if (gcommNowNs() > deadline)
+      return GCOMM_ERROR(comm, gcommTimeout, -1,
+                         "%llu operations still outstanding after GCOMM_TIMEOUT_MS=%lld",
+                         (unsigned long long)(target - comm->opsDone),
+                         (long long)comm->params.timeoutMs);
+    if (poll) {
+      pthread_mutex_lock(&comm->progressLock);
+      int moved = progressPass(comm);
+      pthread_mutex_unlock(&comm->progressLock);
+      if (moved) idle = 0;
+      else backoff(&idle);
+    } else if (idle < 256) {
+      backoff(&idle);
+    } else { /* sleep until the engine finishes something (or 1 ms, to see aborts) */
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_nsec += 1000000;
+      if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+      pthread_mutex_lock(&comm->doneLock);
+      __atomic_add_fetch(&comm->waiters, 1, __ATOMIC_ACQ_REL);
+      if (!allDone(comm, target) && !__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE))
+        pthread_cond_timedwait(&comm->doneCond, &comm->doneLock, &ts);
+      __atomic_sub_fetch(&comm->waiters, 1, __ATOMIC_ACQ_REL);
+      pthread_mutex_unlock(&comm->doneLock);
+    }
+  }
+  return finalResult(comm, __func__);
+}

@@ -1,0 +1,176 @@
+/*
+ * gcomm_internal.h - what gcomm.c and the transports share: the communicator, connections,
+ * operations, parameters, logging and the error idiom. Not installed; users include gcomm.h.
+ */
+#ifndef GCOMM_INTERNAL_H
+#define GCOMM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "gcomm.h"
+#include "gcomm_reduce.h"
+#include "gcomm_sched.h"
+
+/* ---- Logging and errors ---- */
+enum { GCOMM_LOG_NONE, GCOMM_LOG_WARN, GCOMM_LOG_INFO, GCOMM_LOG_TRACE };
+enum {
+  GCOMM_SUBSYS_INIT = 1 << 0,
+  GCOMM_SUBSYS_COLL = 1 << 1,
+  GCOMM_SUBSYS_P2P = 1 << 2,
+  GCOMM_SUBSYS_PROXY = 1 << 3,
+  GCOMM_SUBSYS_NET = 1 << 4,
+  GCOMM_SUBSYS_SHM = 1 << 5,
+  GCOMM_SUBSYS_TUNING = 1 << 6,
+  GCOMM_SUBSYS_ENV = 1 << 7,
+  GCOMM_SUBSYS_ALL = 0xffff
+};
+
+void gcommLog(int level, int subsys, gcommComm_t comm, const char* where, const char* fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+int gcommLogEnabled(int level, int subsys);
+#define GCOMM_WARN(comm, ...) gcommLog(GCOMM_LOG_WARN, GCOMM_SUBSYS_ALL, comm, __func__, __VA_ARGS__)
+#define GCOMM_INFO(subsys, comm, ...) gcommLog(GCOMM_LOG_INFO, subsys, comm, __func__, __VA_ARGS__)
+#define GCOMM_TRACE(subsys, comm, ...) gcommLog(GCOMM_LOG_TRACE, subsys, comm, __func__, __VA_ARGS__)
+
+/* Records and logs an error: what (the message), where (the function), which peer (when >= 0,
+ * with its pid and host). Returns res so that `return GCOMM_ERROR(...)` reads naturally. */
+gcommResult_t gcommSetError(gcommComm_t comm, gcommResult_t res, int peer, const char* where,
+                            const char* fmt, ...) __attribute__((format(printf, 5, 6)));
+#define GCOMM_ERROR(comm, res, peer, ...) gcommSetError(comm, res, peer, __func__, __VA_ARGS__)
+#define GCOMM_CHECK(call)                                                                          \
+  do {                                                                                             \
+    gcommResult_t res_ = (call);                                                                   \
+    if (res_ != gcommSuccess) return res_;                                                         \
+  } while (0)
+
+uint64_t gcommNowNs(void);
+
+/* ---- Parameters: one table in gcomm.c, read at communicator init ---- */
+typedef struct {
+  int algo;             /* GCOMM_ALGO: -1 = cost model, else gcommAlgo_t */
+  int nChannels;        /* GCOMM_NCHANNELS */
+  int64_t buffSize;     /* GCOMM_BUFFSIZE: bytes of one connection FIFO */
+  int proxyMode;        /* GCOMM_PROXY_MODE */
+  int64_t appendFreq;   /* GCOMM_PROGRESS_APPENDOP_FREQ */
+  int64_t appendBatch;  /* GCOMM_PROXY_APPEND_BATCH_SIZE */
+  int64_t dumpSignal;   /* GCOMM_PROXY_DUMP_SIGNAL */
+  int64_t timeoutMs;    /* GCOMM_TIMEOUT_MS */
+  const char* hostId;   /* GCOMM_HOSTID, or NULL */
+} gcommParams_t;
+
+/* ---- Connections ----
+ * A FIFO of GCOMM_STEPS slots in the receiver's memory. The sender fills slot tail % STEPS and
+ * then advances tail; the receiver drains slot head % STEPS and then advances head. */
+typedef struct {
+  volatile uint64_t tail; /* written by the sender: slots produced */
+  char pad0[56];
+  volatile uint64_t head; /* written by the receiver: slots consumed */
+  char pad1[56];
+  volatile uint64_t bytes[GCOMM_STEPS]; /* payload bytes in each slot */
+} gcommFifo_t;
+
+typedef struct {
+  gcommFifo_t* fifo;
+  char* slots;     /* GCOMM_STEPS slots of slotBytes */
+  uint64_t step;   /* this side's own counter: the next slot to fill (sender) or drain */
+  size_t slotBytes;
+  int peer;
+} gcommConn_t;
+
+/* ---- Operations ----
+ * An operation (a collective, a send or a receive) is split into works: one per channel for a
+ * collective, one for a send or receive. Each work sits in one queue and queues run in parallel:
+ * one queue per collective channel (every rank posts collectives in the same order), one per
+ * peer and direction for point-to-point (sends and receives of a pair match in order). */
+typedef struct gcommOp gcommOp_t;
+typedef struct gcommWork {
+  struct gcommWork* next; /* in its queue */
+  gcommOp_t* op;
+  int queue, lane;
+  gcommSched_t sched;
+  long step, nSteps;
+  uint64_t waitSinceNs; /* when the current step first found a FIFO not ready; 0 when moving */
+  int waitPeer, waitRecv;
+} gcommWork_t;
+
+struct gcommOp {
+  gcommOp_t* next; /* in the posted list */
+  int func, algo, datatype, redop, root, peer, nChannels;
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count;
+  uint64_t seq; /* collectives: the communicator's collective sequence number */
+  int nWorks, nWorksLeft;
+  gcommWork_t works[];
+};
+
+typedef struct {
+  gcommWork_t *head, *tail;
+} gcommQueue_t;
+
+typedef struct {
+  uint64_t hostId;
+  pid_t pid;
+  int device;
+  char host[64];
+  char shmName[64];
+} gcommCard_t;
+
+#define GCOMM_COMM_MAGIC 0x636f6d6du
+
+struct gcommComm {
+  unsigned int magic;
+  MPI_Comm mpiComm;
+  int rank, nranks, device;
+  int nLocal;            /* ranks on this node */
+  gcommCard_t* cards;    /* every rank's card */
+  char name[64];
+  gcommParams_t params;
+  int nChannels, nLanes; /* lanes: nChannels collective lanes, then one point-to-point lane */
+  size_t slotBytes;
+  gcommConn_t* sendConns; /* [lane * nranks + peer] */
+  gcommConn_t* recvConns;
+  struct gcommShm* shm;
+
+  /* progress engine */
+  pthread_mutex_t postLock;
+  pthread_cond_t postCond; /* posted work or stop, for the sleeping progress thread */
+  gcommOp_t *postedHead, *postedTail;
+  int nQueues;
+  gcommQueue_t* queues;
+  long nActiveWorks;
+  pthread_mutex_t progressLock;
+  pthread_t thread;
+  int threadStarted, stopThread;
+  uint64_t passes, dumpSeen;
+  uint64_t opsPosted; /* atomic: operations handed to the engine */
+  uint64_t opsDone;   /* atomic: operations the engine finished */
+  pthread_mutex_t doneLock;
+  pthread_cond_t doneCond;
+  int waiters;     /* atomic: threads sleeping on doneCond */
+  int abortFlag;   /* atomic */
+  int asyncError;  /* atomic gcommResult_t: the error that stopped the communicator */
+  uint64_t collSeq;
+
+  /* group */
+  gcommOp_t *groupHead, *groupTail;
+  struct gcommComm* groupNext;
+  int inGroup;
+
+  pthread_mutex_t errorLock;
+  char lastError[1024];
+};
+
+/* ---- Shared-memory transport (transports/shm.c) ---- */
+/* Creates this rank's segment: the FIFOs every local rank (itself included) sends to it on every
+ * lane. Names it in card->shmName. */
+gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card);
+/* Maps every local peer's segment and fills the connections; then, after all ranks have mapped
+ * (the caller's barrier), gcommShmUnlink removes the names so nothing outlives the processes. */
+gcommResult_t gcommShmConnect(gcommComm_t comm);
+void gcommShmUnlink(gcommComm_t comm);
+void gcommShmFree(gcommComm_t comm);
+
+#endif /* GCOMM_INTERNAL_H */

@@ -1,0 +1,407 @@
+/*
+ * gcomm_sched.h - every algorithm's schedule, written once.
+ *
+ * A collective on one channel is a sequence of steps. A step moves at most one FIFO slot of data
+ * and is one of the data-movement verbs of DESIGN.md, spelled as fields:
+ *
+ *   value = recv data from recvPeer[] (combined with the local operand src when reduce is set),
+ *           or the local operand src when there is nothing to receive;
+ *   then value (after the op's post-operation when postOp is set) goes to the local buffer dst
+ *   and to the FIFOs of sendPeer[].
+ *
+ * So send = {src, sendPeer}, recv = {recvPeer, dst}, recvReduceSend = {recvPeer, src, reduce,
+ * sendPeer}, recvReduceCopySend adds dst, recvCopySend = {recvPeer, dst, sendPeer}, copySend =
+ * {src, dst, sendPeer}, and a local copy is {src, dst}.
+ *
+ * Both executors run these: the host executor in gcomm.c (non-blocking: a step runs when all of
+ * its FIFOs are ready) and the GPU kernels (one block per channel, waiting on the FIFOs). Every
+ * rank derives its steps from the same arguments, so the ranks agree on what each FIFO slot holds.
+ */
+#ifndef GCOMM_SCHED_H
+#define GCOMM_SCHED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define GCOMM_HD static inline __host__ __device__
+#else
+#define GCOMM_HD static inline
+#endif
+
+#define GCOMM_STEPS 8 /* slots in every connection FIFO */
+
+typedef enum {
+  gcommFuncAllReduce,
+  gcommFuncBroadcast,
+  gcommFuncReduce,
+  gcommFuncAllGather,
+  gcommFuncReduceScatter,
+  gcommFuncAllToAll,
+  gcommFuncGather,
+  gcommFuncScatter,
+  gcommFuncSend,
+  gcommFuncRecv,
+  gcommNumFuncs
+} gcommFunc_t;
+
+typedef enum { gcommAlgoRing, gcommAlgoTree, gcommAlgoDirect, gcommNumAlgos } gcommAlgo_t;
+
+enum { GCOMM_BUF_NONE = 0, GCOMM_BUF_IN = 1, GCOMM_BUF_OUT = 2 };
+
+typedef struct {
+  int recvPeer[2]; /* ranks whose FIFO to this rank is read, -1 for none */
+  int sendPeer[2]; /* ranks whose FIFO from this rank is written, -1 for none */
+  int src;         /* local operand: GCOMM_BUF_IN, GCOMM_BUF_OUT or GCOMM_BUF_NONE */
+  int dst;         /* local destination: GCOMM_BUF_OUT or GCOMM_BUF_NONE */
+  int reduce;      /* combine the received data with src (else received data replaces it) */
+  int postOp;      /* the value is final: apply the op's post-operation (Avg divides) */
+  size_t srcOff, dstOff, count; /* in elements */
+} gcommStep_t;
+
+/* What one channel of one operation needs to compute its steps. */
+typedef struct {
+  int func, algo, nranks, rank;
+  int root;         /* root of Broadcast/Reduce/Gather/Scatter; 0 for the AllReduce tree */
+  int peer;         /* Send/Recv */
+  size_t count;     /* per-rank block for AllGather/ReduceScatter/AllToAll/Gather/Scatter, else total */
+  size_t chanOff;   /* this channel's range inside [0, count) */
+  size_t chanCount;
+  size_t chunk;     /* elements per FIFO slot, a multiple of align */
+  size_t align;     /* chunk boundaries fall on multiples of this many elements */
+} gcommSched_t;
+
+GCOMM_HD int gcommMod(int a, int n) { return ((a % n) + n) % n; }
+GCOMM_HD size_t gcommDivUp(size_t a, size_t b) { return (a + b - 1) / b; }
+GCOMM_HD size_t gcommMinSize(size_t a, size_t b) { return a < b ? a : b; }
+
+/* The algorithm an operation really runs: a forced one it lacks falls back to one it has. */
+GCOMM_HD int gcommSchedAlgo(int func, int algo) {
+  switch (func) {
+    case gcommFuncAllReduce:
+    case gcommFuncBroadcast:
+    case gcommFuncReduce: return algo;
+    case gcommFuncAllGather:
+    case gcommFuncReduceScatter: return algo == gcommAlgoDirect ? gcommAlgoDirect : gcommAlgoRing;
+    default: return gcommAlgoDirect;
+  }
+}
+
+/* Chunks of the channel range; a ring AllReduce moves nranks chunks per round. */
+GCOMM_HD size_t gcommSchedRoundElems(const gcommSched_t* s) {
+  return (s->func == gcommFuncAllReduce && s->algo == gcommAlgoRing) ? s->chunk * s->nranks
+                                                                     : s->chunk;
+}
+
+/* Steps one round (one chunk of the channel range) takes on this rank. */
+GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
+  int n = s->nranks, r = s->rank;
+  if (s->func == gcommFuncSend || s->func == gcommFuncRecv || n == 1) return 1;
+  switch (s->func) {
+    case gcommFuncAllReduce:
+      return s->algo == gcommAlgoTree ? 2 : 2 * n - 1;
+    case gcommFuncBroadcast:
+      return (s->algo == gcommAlgoDirect && r == s->root) ? n : 1;
+    case gcommFuncReduce:
+      return (s->algo == gcommAlgoDirect && r == s->root) ? n : 1;
+    case gcommFuncAllGather:
+    case gcommFuncReduceScatter:
+      return s->algo == gcommAlgoDirect ? 2 * n - 1 : n;
+    case gcommFuncAllToAll: return 2 * n - 1;
+    case gcommFuncGather: return r == s->root ? n : 1;
+    case gcommFuncScatter: return r == s->root ? n : 1;
+    default: return 0;
+  }
+}
+
+GCOMM_HD long gcommSchedNumSteps(const gcommSched_t* s) {
+  if (s->chanCount == 0) return 0;
+  return (long)gcommDivUp(s->chanCount, gcommSchedRoundElems(s)) * gcommSchedStepsPerRound(s);
+}
+
+GCOMM_HD void gcommStepInit(gcommStep_t* st) {
+  st->recvPeer[0] = st->recvPeer[1] = st->sendPeer[0] = st->sendPeer[1] = -1;
+  st->src = st->dst = GCOMM_BUF_NONE;
+  st->reduce = st->postOp = 0;
+  st->srcOff = st->dstOff = st->count = 0;
+}
+
+/* Binary tree over ranks renumbered so that root is 0. */
+GCOMM_HD int gcommTreeParent(int rank, int root, int n) {
+  int v = gcommMod(rank - root, n);
+  return v == 0 ? -1 : (root + (v - 1) / 2) % n;
+}
+GCOMM_HD int gcommTreeChild(int rank, int root, int n, int which) {
+  int c = 2 * gcommMod(rank - root, n) + 1 + which;
+  return c < n ? (root + c) % n : -1;
+}
+
+/* Tree going up (reduce toward root) or down (broadcast from root) for one chunk [off, off+c). */
+GCOMM_HD void gcommTreeStep(const gcommSched_t* s, int up, int srcBuf, size_t off, size_t c,
+                            gcommStep_t* st) {
+  int n = s->nranks, r = s->rank, parent = gcommTreeParent(r, s->root, n);
+  int c0 = gcommTreeChild(r, s->root, n, 0), c1 = gcommTreeChild(r, s->root, n, 1);
+  st->count = c;
+  st->srcOff = st->dstOff = off;
+  if (up) {
+    st->recvPeer[0] = c0;
+    st->recvPeer[1] = c1;
+    st->reduce = c0 >= 0;
+    st->src = GCOMM_BUF_IN;
+    if (parent < 0) {
+      st->dst = GCOMM_BUF_OUT;
+      st->postOp = 1;
+    } else {
+      st->sendPeer[0] = parent;
+    }
+  } else {
+    st->sendPeer[0] = c0;
+    st->sendPeer[1] = c1;
+    if (parent < 0) {
+      st->src = srcBuf;
+      if (srcBuf == GCOMM_BUF_IN) st->dst = GCOMM_BUF_OUT;
+    } else {
+      st->recvPeer[0] = parent;
+      st->dst = GCOMM_BUF_OUT;
+    }
+  }
+}
+
+/* The direct pattern: in round step t, t < n-1 sends to rank+1+t, t == n-1 is the local part,
+ * t >= n receives from rank-(t-n+1). Sends come first so that in-place buffers are read before
+ * they are overwritten. Returns the peer (or this rank for the local part). */
+GCOMM_HD int gcommDirectPeer(int rank, int n, long t, int* sending) {
+  *sending = t < n - 1;
+  if (t < n - 1) return (rank + 1 + (int)t) % n;
+  if (t == n - 1) return rank;
+  return gcommMod(rank - (int)(t - n + 1), n);
+}
+
+/* Step number `step` (0 <= step < gcommSchedNumSteps) of this rank. */
+GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* st) {
+  int n = s->nranks, r = s->rank;
+  long per = gcommSchedStepsPerRound(s), t = step % per;
+  size_t round = (size_t)(step / per), relems = gcommSchedRoundElems(s);
+  if (s->func == gcommFuncAllReduce && s->algo == gcommAlgoTree && n > 1) {
+    /* every chunk goes up the tree before any comes down, so the chunks pipeline */
+    long nChunks = (long)gcommDivUp(s->chanCount, relems);
+    t = step < nChunks ? 0 : 1;
+    round = (size_t)(step < nChunks ? step : step - nChunks);
+  }
+  size_t off = s->chanOff + round * relems; /* start of this round */
+  size_t c = gcommMinSize(relems, s->chanOff + s->chanCount - off);
+  size_t R = s->count;
+  int sending, p, next = (r + 1) % n, prev = gcommMod(r - 1, n);
+  gcommStepInit(st);
+  st->count = c;
+  st->srcOff = st->dstOff = off;
+
+  if (s->func == gcommFuncSend) {
+    st->src = GCOMM_BUF_IN;
+    st->sendPeer[0] = s->peer;
+    return;
+  }
+  if (s->func == gcommFuncRecv) {
+    st->dst = GCOMM_BUF_OUT;
+    st->recvPeer[0] = s->peer;
+    return;
+  }
+  if (n == 1) { /* every collective is a copy on one rank */
+    st->src = GCOMM_BUF_IN;
+    st->dst = GCOMM_BUF_OUT;
+    return;
+  }
+
+  switch (s->func) {
+    case gcommFuncAllReduce:
+      if (s->algo == gcommAlgoRing) {
+        /* reduce-scatter then all-gather; rank r ends the reduction of chunk r */
+        size_t pc = gcommDivUp(gcommDivUp(c, n), s->align) * s->align; /* per-rank chunk */
+        int k; /* which rank's chunk this step handles */
+        if (t < n) k = gcommMod(r - 1 - (int)t, n);
+        else k = gcommMod(r - (int)(t - n + 1), n);
+        if (t == n - 1) k = r;
+        if (t == 2 * n - 2) k = next;
+        st->srcOff = st->dstOff = off + gcommMinSize(c, pc * k);
+        st->count = gcommMinSize(c, pc * (k + 1)) - gcommMinSize(c, pc * k);
+        if (t > 0) st->recvPeer[0] = prev;
+        if (t < 2 * n - 2) st->sendPeer[0] = next;
+        if (t < n) {
+          st->src = GCOMM_BUF_IN;
+          st->reduce = t > 0;
+        }
+        if (t >= n - 1) st->dst = GCOMM_BUF_OUT;
+        st->postOp = t == n - 1;
+      } else if (s->algo == gcommAlgoTree) {
+        gcommSched_t up = *s;
+        up.root = 0;
+        gcommTreeStep(&up, t == 0, GCOMM_BUF_OUT, off, c, st);
+      } else {
+        p = gcommDirectPeer(r, n, t, &sending);
+        if (sending) {
+          st->src = GCOMM_BUF_IN;
+          st->sendPeer[0] = p;
+        } else if (p == r) {
+          st->src = GCOMM_BUF_IN;
+          st->dst = GCOMM_BUF_OUT;
+        } else {
+          st->recvPeer[0] = p;
+          st->src = GCOMM_BUF_OUT;
+          st->reduce = 1;
+          st->dst = GCOMM_BUF_OUT;
+          st->postOp = t == 2 * n - 2;
+        }
+      }
+      return;
+
+    case gcommFuncBroadcast:
+      if (s->algo == gcommAlgoTree) {
+        gcommTreeStep(s, 0, GCOMM_BUF_IN, off, c, st);
+      } else if (r == s->root) {
+        st->src = GCOMM_BUF_IN;
+        if (s->algo == gcommAlgoRing) {
+          st->dst = GCOMM_BUF_OUT;
+          st->sendPeer[0] = next;
+        } else {
+          p = gcommDirectPeer(r, n, t, &sending);
+          if (sending) st->sendPeer[0] = p;
+          else st->dst = GCOMM_BUF_OUT;
+        }
+      } else {
+        st->dst = GCOMM_BUF_OUT;
+        st->recvPeer[0] = s->algo == gcommAlgoRing ? prev : s->root;
+        if (s->algo == gcommAlgoRing && next != s->root) st->sendPeer[0] = next;
+      }
+      return;
+
+    case gcommFuncReduce:
+      if (s->algo == gcommAlgoTree) {
+        gcommTreeStep(s, 1, GCOMM_BUF_IN, off, c, st);
+      } else if (s->algo == gcommAlgoRing) { /* chain root+1 -> ... -> root */
+        st->src = GCOMM_BUF_IN;
+        if (prev != s->root) {
+          st->recvPeer[0] = prev;
+          st->reduce = 1;
+        }
+        if (r == s->root) {
+          st->dst = GCOMM_BUF_OUT;
+          st->postOp = 1;
+        } else {
+          st->sendPeer[0] = next;
+        }
+      } else if (r != s->root) {
+        st->src = GCOMM_BUF_IN;
+        st->sendPeer[0] = s->root;
+      } else if (t == 0) {
+        st->src = GCOMM_BUF_IN;
+        st->dst = GCOMM_BUF_OUT;
+      } else {
+        st->recvPeer[0] = (r + (int)t) % n;
+        st->src = GCOMM_BUF_OUT;
+        st->reduce = 1;
+        st->dst = GCOMM_BUF_OUT;
+        st->postOp = t == n - 1;
+      }
+      return;
+
+    case gcommFuncAllGather:
+      if (s->algo == gcommAlgoRing) { /* step t forwards block r-t */
+        p = gcommMod(r - (int)t, n);
+        st->dstOff = p * R + off;
+        st->dst = GCOMM_BUF_OUT;
+        if (t == 0) st->src = GCOMM_BUF_IN;
+        else st->recvPeer[0] = prev;
+        if (t < n - 1) st->sendPeer[0] = next;
+      } else {
+        p = gcommDirectPeer(r, n, t, &sending);
+        if (sending) {
+          st->src = GCOMM_BUF_IN;
+          st->sendPeer[0] = p;
+        } else {
+          if (p == r) st->src = GCOMM_BUF_IN;
+          else st->recvPeer[0] = p;
+          st->dst = GCOMM_BUF_OUT;
+          st->dstOff = p * R + off;
+        }
+      }
+      return;
+
+    case gcommFuncReduceScatter:
+      if (s->algo == gcommAlgoRing) { /* step t reduces block r-1-t; the last is block r */
+        p = gcommMod(r - 1 - (int)t, n);
+        st->src = GCOMM_BUF_IN;
+        st->srcOff = p * R + off;
+        if (t > 0) {
+          st->recvPeer[0] = prev;
+          st->reduce = 1;
+        }
+        if (t < n - 1) {
+          st->sendPeer[0] = next;
+        } else {
+          st->dst = GCOMM_BUF_OUT;
+          st->postOp = 1;
+        }
+      } else {
+        p = gcommDirectPeer(r, n, t, &sending);
+        if (sending) {
+          st->src = GCOMM_BUF_IN;
+          st->srcOff = p * R + off;
+          st->sendPeer[0] = p;
+        } else if (p == r) {
+          st->src = GCOMM_BUF_IN;
+          st->srcOff = r * R + off;
+          st->dst = GCOMM_BUF_OUT;
+        } else {
+          st->recvPeer[0] = p;
+          st->src = GCOMM_BUF_OUT;
+          st->reduce = 1;
+          st->dst = GCOMM_BUF_OUT;
+          st->postOp = t == 2 * n - 2;
+        }
+      }
+      return;
+
+    case gcommFuncAllToAll:
+      p = gcommDirectPeer(r, n, t, &sending);
+      if (sending) {
+        st->src = GCOMM_BUF_IN;
+        st->srcOff = p * R + off;
+        st->sendPeer[0] = p;
+      } else {
+        if (p == r) st->src = GCOMM_BUF_IN;
+        else st->recvPeer[0] = p;
+        st->srcOff = r * R + off;
+        st->dst = GCOMM_BUF_OUT;
+        st->dstOff = p * R + off;
+      }
+      return;
+
+    case gcommFuncGather:
+      if (r != s->root) {
+        st->src = GCOMM_BUF_IN;
+        st->sendPeer[0] = s->root;
+        return;
+      }
+      p = (r + (int)t) % n;
+      if (t == 0) st->src = GCOMM_BUF_IN;
+      else st->recvPeer[0] = p;
+      st->dst = GCOMM_BUF_OUT;
+      st->dstOff = p * R + off;
+      return;
+
+    case gcommFuncScatter:
+      if (r != s->root) {
+        st->recvPeer[0] = s->root;
+        st->dst = GCOMM_BUF_OUT;
+        return;
+      }
+      p = gcommDirectPeer(r, n, t, &sending);
+      st->src = GCOMM_BUF_IN;
+      st->srcOff = p * R + off;
+      if (sending) st->sendPeer[0] = p;
+      else st->dst = GCOMM_BUF_OUT;
+      return;
+  }
+}
+
+#endif /* GCOMM_SCHED_H */

@@ -1,0 +1,134 @@
+/*
+ * transports/shm.c - connections between the processes of one node through POSIX shared memory.
+ *
+ * Each rank owns one segment holding the FIFOs that it receives on: one per local sender (itself
+ * included, for self sends) and lane. Senders map the receiver's segment and write into it. The
+ * segment is sparse (tmpfs allocates a page when it is first touched), so FIFOs that an
+ * algorithm never uses cost nothing. Names are unlinked as soon as every rank has mapped them:
+ * the memory then lives exactly as long as the processes that map it, even after a crash.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gcomm_internal.h"
+
+struct gcommShm {
+  void** maps;     /* [rank]: that local rank's segment, NULL for remote ranks */
+  size_t segBytes; /* every rank's segment has the same layout and size */
+  size_t fifoBytes;
+  int unlinked;
+  char name[64]; /* this rank's segment */
+};
+
+static int localIndex(gcommComm_t comm, int rank) {
+  int idx = 0;
+  for (int q = 0; q < rank; q++) idx += comm->cards[q].hostId == comm->cards[rank].hostId;
+  return idx;
+}
+
+static size_t fifoBytes(gcommComm_t comm) {
+  size_t b = sizeof(gcommFifo_t) + GCOMM_STEPS * comm->slotBytes;
+  return (b + 4095) & ~(size_t)4095;
+}
+
+gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card) {
+  static unsigned counter;
+  struct gcommShm* shm = calloc(1, sizeof(*shm));
+  if (shm == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  comm->shm = shm;
+  shm->maps = calloc(comm->nranks, sizeof(void*));
+  if (shm->maps == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  shm->fifoBytes = fifoBytes(comm);
+  shm->segBytes = shm->fifoBytes * comm->nLanes * comm->nLocal;
+  snprintf(card->shmName, sizeof(card->shmName), "/gcomm-%d-%u-%d", (int)getpid(),
+           __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED), comm->rank);
+  snprintf(shm->name, sizeof(shm->name), "%s", card->shmName);
+  int fd = shm_open(card->shmName, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0)
+    return GCOMM_ERROR(comm, gcommSystemError, -1, "shm_open(%s): %s", card->shmName,
+                       strerror(errno));
+  if (ftruncate(fd, (off_t)shm->segBytes) != 0) {
+    int err = errno;
+    close(fd);
+    gcommShmUnlink(comm);
+    return GCOMM_ERROR(comm, gcommSystemError, -1, "ftruncate(%s, %zu): %s", card->shmName,
+                       shm->segBytes, strerror(err));
+  }
+  void* p = mmap(NULL, shm->segBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    gcommShmUnlink(comm);
+    return GCOMM_ERROR(comm, gcommSystemError, -1, "mmap(%s, %zu): %s", card->shmName,
+                       shm->segBytes, strerror(err));
+  }
+  shm->maps[comm->rank] = p;
+  GCOMM_INFO(GCOMM_SUBSYS_SHM, comm, "segment %s: %zu bytes (%d local ranks x %d lanes x %zu)",
+             card->shmName, shm->segBytes, comm->nLocal, comm->nLanes, shm->fifoBytes);
+  return gcommSuccess;
+}
+
+static gcommConn_t makeConn(struct gcommShm* shm, void* seg, int senderIdx, int lane, int nLanes,
+                            size_t slotBytes, int peer) {
+  gcommConn_t c;
+  char* base = (char*)seg + ((size_t)senderIdx * nLanes + lane) * shm->fifoBytes;
+  c.fifo = (gcommFifo_t*)base;
+  c.slots = base + sizeof(gcommFifo_t);
+  c.step = 0;
+  c.slotBytes = slotBytes;
+  c.peer = peer;
+  return c;
+}
+
+gcommResult_t gcommShmConnect(gcommComm_t comm) {
+  struct gcommShm* shm = comm->shm;
+  int me = comm->rank, myIdx = localIndex(comm, me);
+  for (int p = 0; p < comm->nranks; p++) {
+    if (comm->cards[p].hostId != comm->cards[me].hostId) continue;
+    if (p != me) {
+      int fd = shm_open(comm->cards[p].shmName, O_RDWR, 0600);
+      if (fd < 0)
+        return GCOMM_ERROR(comm, gcommSystemError, p, "shm_open(%s): %s",
+                           comm->cards[p].shmName, strerror(errno));
+      void* m = mmap(NULL, shm->segBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      int err = errno;
+      close(fd);
+      if (m == MAP_FAILED)
+        return GCOMM_ERROR(comm, gcommSystemError, p, "mmap(%s): %s", comm->cards[p].shmName,
+                           strerror(err));
+      shm->maps[p] = m;
+    }
+    int peerIdx = localIndex(comm, p);
+    for (int lane = 0; lane < comm->nLanes; lane++) {
+      comm->sendConns[lane * comm->nranks + p] =
+          makeConn(shm, shm->maps[p], myIdx, lane, comm->nLanes, comm->slotBytes, p);
+      comm->recvConns[lane * comm->nranks + p] =
+          makeConn(shm, shm->maps[me], peerIdx, lane, comm->nLanes, comm->slotBytes, p);
+    }
+  }
+  return gcommSuccess;
+}
+
+void gcommShmUnlink(gcommComm_t comm) {
+  struct gcommShm* shm = comm->shm;
+  if (shm == NULL || shm->unlinked || shm->name[0] == 0) return;
+  shm_unlink(shm->name);
+  shm->unlinked = 1;
+}
+
+void gcommShmFree(gcommComm_t comm) {
+  struct gcommShm* shm = comm->shm;
+  if (shm == NULL) return;
+  gcommShmUnlink(comm);
+  for (int p = 0; p < comm->nranks; p++)
+    if (shm->maps[p] != NULL) munmap(shm->maps[p], shm->segBytes);
+  free(shm->maps);
+  free(shm);
+  comm->shm = NULL;
+}
