@@ -1183,10 +1183,9 @@ static __thread gcommComm_t groupComms; /* communicators with operations held by
 /* Splits a checked operation into its works: one per channel (collectives), or one (p2p). */
 static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
   int n = comm->nranks, isP2p = args->func == gcommFuncSend || args->func == gcommFuncRecv;
-  size_t esz = gcommTypeSize(args->datatype), inCount, outCount;
-  bufferCounts(args, comm->rank, n, &inCount, &outCount);
-  size_t bytes = (isP2p ? args->count : (inCount > outCount ? inCount : outCount)) * esz;
-  if (args->func == gcommFuncBroadcast || args->func == gcommFuncReduce) bytes = args->count * esz;
+  size_t esz = gcommTypeSize(args->datatype);
+  /* the size every rank agrees on (nccl-tests' size), so that all ranks choose alike */
+  size_t bytes = args->count * esz * (args->func >= gcommFuncAllGather && !isP2p ? n : 1);
   int algo = isP2p ? gcommAlgoDirect : chooseAlgo(comm, args->func, bytes);
   int nch = chooseChannels(comm, args->func, bytes);
   gcommOp_t* op = calloc(1, sizeof(gcommOp_t) + nch * sizeof(gcommWork_t));
