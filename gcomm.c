@@ -278,21 +278,24 @@ uint64_t gcommNowNs(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Waiting politely: spin a little, then yield, then sleep longer and longer (at most 1 ms, so
- * that an abort or a deadline is seen quickly). Many ranks share few cores in tests. */
-static void backoff(unsigned* idle) {
-  unsigned i = (*idle)++;
-  if (i < 32) {
+/* Waiting politely: spin a few microseconds, then yield the core, then sleep for a fraction of
+ * the time already waited (at most 1 ms, so that an abort or a deadline is seen quickly). Many
+ * ranks share few cores in tests. *idleSince is 0 while things move. Returns microseconds idle. */
+static uint64_t backoff(uint64_t* idleSince) {
+  uint64_t now = gcommNowNs();
+  if (*idleSince == 0) *idleSince = now;
+  uint64_t us = (now - *idleSince) / 1000;
+  if (us < 5) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
-  } else if (i < 256) {
+  } else if (us < 2000) {
     sched_yield();
   } else {
-    unsigned us = (i - 256) / 8 + 1;
-    struct timespec ts = {0, (long)(us < 1000 ? us : 1000) * 1000};
+    struct timespec ts = {0, (long)(us / 16 < 1000 ? us / 16 : 1000) * 1000};
     nanosleep(&ts, NULL);
   }
+  return us;
 }
 
 /* ======================================================================================== */
@@ -650,33 +653,37 @@ static int progressPass(gcommComm_t comm) {
   return moved;
 }
 
+/* A relative deadline for pthread_cond_timedwait. */
+static struct timespec deadlineIn(long ns) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += ns;
+  ts.tv_sec += ts.tv_nsec / 1000000000;
+  ts.tv_nsec %= 1000000000;
+  return ts;
+}
+
 static void* progressThread(void* arg) {
   gcommComm_t comm = (gcommComm_t)arg;
-  unsigned idle = 0;
+  uint64_t idleSince = 0;
   pthread_mutex_lock(&comm->progressLock);
   while (!__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
     if (progressPass(comm)) {
-      idle = 0;
+      idleSince = 0;
       continue;
     }
-    if (comm->nActiveWorks == 0) { /* nothing to do: sleep until something is posted */
-      pthread_mutex_unlock(&comm->progressLock);
+    pthread_mutex_unlock(&comm->progressLock);
+    /* waiting on peers: back off. Nothing at all to do for a while: sleep until a post. */
+    if (backoff(&idleSince) > 1000 && comm->nActiveWorks == 0) {
       pthread_mutex_lock(&comm->postLock);
       if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000; /* wake now and then to see dump requests */
-        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        struct timespec ts = deadlineIn(100 * 1000000); /* wake now and then for dumps */
         pthread_cond_timedwait(&comm->postCond, &comm->postLock, &ts);
       }
       pthread_mutex_unlock(&comm->postLock);
-      pthread_mutex_lock(&comm->progressLock);
-      idle = 0;
-    } else {
-      pthread_mutex_unlock(&comm->progressLock);
-      backoff(&idle);
-      pthread_mutex_lock(&comm->progressLock);
+      idleSince = 0;
     }
+    pthread_mutex_lock(&comm->progressLock);
   }
   pthread_mutex_unlock(&comm->progressLock);
   return NULL;
@@ -1389,7 +1396,7 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
     return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "stream must be NULL on a host communicator");
   uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
   uint64_t deadline = gcommNowNs() + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
-  unsigned idle = 0;
+  uint64_t idleSince = 0;
   int poll = comm->params.proxyMode == GCOMM_PROXY_POLL;
   while (!allDone(comm, target)) {
     if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE)) return finalResult(comm, __func__);
@@ -1402,20 +1409,16 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
       pthread_mutex_lock(&comm->progressLock);
       int moved = progressPass(comm);
       pthread_mutex_unlock(&comm->progressLock);
-      if (moved) idle = 0;
-      else backoff(&idle);
-    } else if (idle < 256) {
-      backoff(&idle);
-    } else { /* sleep until the engine finishes something (or 1 ms, to see aborts) */
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_nsec += 1000000;
-      if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+      if (moved) idleSince = 0;
+      else backoff(&idleSince);
+    } else if (backoff(&idleSince) > 1000) {
+      /* long waits sleep until the engine finishes something (or 1 ms, to see aborts) */
+      struct timespec ts = deadlineIn(1000000);
       pthread_mutex_lock(&comm->doneLock);
-      __atomic_add_fetch(&comm->waiters, 1, __ATOMIC_ACQ_REL);
+      __atomic_add_fetch(&comm->waiters, 1, __ATOMIC_SEQ_CST);
       if (!allDone(comm, target) && !__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE))
         pthread_cond_timedwait(&comm->doneCond, &comm->doneLock, &ts);
-      __atomic_sub_fetch(&comm->waiters, 1, __ATOMIC_ACQ_REL);
+      __atomic_sub_fetch(&comm->waiters, 1, __ATOMIC_SEQ_CST);
       pthread_mutex_unlock(&comm->doneLock);
     }
   }
