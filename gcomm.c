@@ -427,7 +427,7 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
       gcommConn_t* c = recvConn(comm, w->lane, st->recvPeer[i]);
       uint64_t got = c->fifo->bytes[c->step % GCOMM_STEPS];
       if (got != bytes)
-        return GCOMM_ERROR(comm, gcommInvalidUsage, st->recvPeer[i],
+        return gcommSetError(comm, gcommInvalidUsage, st->recvPeer[i], "progress",
                            "%s (seq %llu) step %ld received %llu bytes where %zu were expected: "
                            "the ranks called different operations or counts",
                            funcNames[op->func], (unsigned long long)op->seq, w->step,
@@ -484,14 +484,14 @@ static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int
   uint64_t waitedMs = (now - w->waitSinceNs) / 1000000;
   const gcommOp_t* op = w->op;
   if (waitedMs >= 100 && (comm->passes & 63) == 0 && peerIsDead(comm, peer))
-    return GCOMM_ERROR(comm, gcommRemoteError, peer,
-                       "%s (seq %llu) channel %d step %ld/%ld: rank %d has died while this rank "
+    return gcommSetError(comm, gcommRemoteError, peer, "progress",
+                       "%s (seq %llu) lane %d step %ld/%ld: rank %d has died while this rank "
                        "waited to %s it",
                        funcNames[op->func], (unsigned long long)op->seq, w->lane, w->step,
                        w->nSteps, peer, isRecv ? "receive from" : "send to");
   if ((int64_t)waitedMs >= comm->params.timeoutMs)
-    return GCOMM_ERROR(comm, gcommTimeout, peer,
-                       "%s (seq %llu, count %zu, %s) channel %d step %ld/%ld: waited %llu ms to "
+    return gcommSetError(comm, gcommTimeout, peer, "progress",
+                       "%s (seq %llu, count %zu, %s) lane %d step %ld/%ld: waited %llu ms to "
                        "%s rank %d (GCOMM_TIMEOUT_MS=%lld)",
                        funcNames[op->func], (unsigned long long)op->seq, op->count,
                        typeNames[op->datatype], w->lane, w->step, w->nSteps,

@@ -9,20 +9,21 @@
 
 #include "gcomm.h"
 
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    gcommResult_t r_ = (call);                                                        \
-    if (r_ != gcommSuccess) {                                                         \
-      fprintf(stderr, "%s failed: %s\n", #call, gcommGetLastError(comm));             \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                   \
-    }                                                                                 \
+#define CHECK(call)                                                       \
+  do {                                                                    \
+    gcommResult_t r_ = (call);                                            \
+    if (r_ != gcommSuccess) {                                             \
+      fprintf(stderr, "%s failed: %s\n", #call, gcommGetLastError(comm)); \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                       \
+    }                                                                     \
   } while (0)
 
 int main(int argc, char** argv) {
   gcommComm_t comm = NULL;
   int rank, nranks;
   MPI_Init(&argc, &argv);
-  CHECK(gcommCommInitMPI(&comm, MPI_COMM_WORLD, NULL)); /* MPI bootstraps; then it is off the data path */
+  CHECK(gcommCommInitMPI(&comm, MPI_COMM_WORLD,
+                         NULL)); /* MPI bootstraps; then it is off the data path */
   CHECK(gcommCommUserRank(comm, &rank));
   CHECK(gcommCommCount(comm, &nranks));
 
@@ -30,7 +31,8 @@ int main(int argc, char** argv) {
   float* x = malloc(N * sizeof(float));
   for (int i = 0; i < N; i++) x[i] = (float)rank;
 
-  CHECK(gcommAllReduce(x, x, N, gcommFloat32, gcommSum, comm, NULL)); /* in place, returns at once */
+  CHECK(
+      gcommAllReduce(x, x, N, gcommFloat32, gcommSum, comm, NULL)); /* in place, returns at once */
   /* ... the application's own work overlaps the reduction here ... */
   CHECK(gcommWait(comm, NULL)); /* complete */
 
