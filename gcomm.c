@@ -69,6 +69,14 @@ static const gcommParamDef_t paramTable[] = {
      "deadline of every wait, in milliseconds"},
     {"GCOMM_HOSTID", "", PARAM_STR, PARAM_AT(hostId), NULL, 0, 0,
      "ranks with the same value share a node (default: MPI_COMM_TYPE_SHARED)"},
+#ifdef GCOMM_OFI
+    {"GCOMM_NET_DISABLE", "0", PARAM_INT, PARAM_AT(netDisable), NULL, 0, 1,
+     "1: refuse ranks on other nodes instead of using the network (OFI=1 builds)"},
+    {"GCOMM_OFI_PROVIDER", "", PARAM_STR, PARAM_AT(ofiProvider), NULL, 0, 0,
+     "libfabric provider, e.g. tcp or shm (default: the best found, tcp last; never shm)"},
+    {"GCOMM_OFI_IFACE", "", PARAM_STR, PARAM_AT(ofiIface), NULL, 0, 0,
+     "only use the provider's domain of this name (tcp: the interface, e.g. eth0 or lo)"},
+#endif
 };
 #define NPARAMS ((int)(sizeof(paramTable) / sizeof(paramTable[0])))
 
@@ -467,8 +475,10 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
   return gcommSuccess;
 }
 
-/* A local peer that no longer exists will never fill or drain its FIFOs. */
+/* A local peer that no longer exists will never fill or drain its FIFOs. Only a process of this
+ * very machine can be probed (GCOMM_HOSTID nodes may share one): compare real host names. */
 static int peerIsDead(gcommComm_t comm, int peer) {
+  if (strcmp(comm->cards[peer].host, comm->cards[comm->rank].host) != 0) return 0;
   return kill(comm->cards[peer].pid, 0) != 0 && errno == ESRCH;
 }
 
@@ -650,7 +660,27 @@ static int progressPass(gcommComm_t comm) {
       moved = 1;
     }
   }
+#ifdef GCOMM_OFI
+  /* the network proxy: slots just filled go out, arrived ones are handed to the executor */
+  gcommResult_t netRes = gcommNetProgress(comm, &moved);
+  if (netRes != gcommSuccess) {
+    setAsyncError(comm, netRes);
+    drainAll(comm);
+    return 1;
+  }
+#endif
   return moved;
+}
+
+/* Slots handed to the network and not yet delivered: the engine must keep running for them even
+ * though every operation has finished (in poll mode gcommWait keeps driving it). */
+static int netPending(gcommComm_t comm) {
+#ifdef GCOMM_OFI
+  return gcommNetSendsPending(comm);
+#else
+  (void)comm;
+  return 0;
+#endif
 }
 
 /* A relative deadline for pthread_cond_timedwait. */
@@ -674,7 +704,7 @@ static void* progressThread(void* arg) {
     }
     pthread_mutex_unlock(&comm->progressLock);
     /* waiting on peers: back off. Nothing at all to do for a while: sleep until a post. */
-    if (backoff(&idleSince) > 1000 && comm->nActiveWorks == 0) {
+    if (backoff(&idleSince) > 1000 && comm->nActiveWorks == 0 && !netPending(comm)) {
       pthread_mutex_lock(&comm->postLock);
       if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
         struct timespec ts = deadlineIn(100 * 1000000); /* wake now and then for dumps */
@@ -827,12 +857,20 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
                        "ranks disagree on GCOMM_NCHANNELS (%d..%d) or GCOMM_BUFFSIZE: set them "
                        "the same on every rank",
                        lo[0] - 1, hi[0] - 1);
+#ifdef GCOMM_OFI
+  for (int p = 0; p < comm->nranks; p++)
+    if (comm->cards[p].hostId != hostId && comm->params.netDisable)
+      return GCOMM_ERROR(comm, gcommInvalidUsage, p,
+                         "rank %d is on another node and GCOMM_NET_DISABLE=1 refuses the network",
+                         p);
+#else
   for (int p = 0; p < comm->nranks; p++)
     if (comm->cards[p].hostId != hostId)
       return GCOMM_ERROR(comm, gcommInvalidUsage, p,
                          "rank %d is on another node and this build has no network transport "
                          "(build with OFI=1)",
                          p);
+#endif
 
   comm->sendConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
   comm->recvConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
@@ -843,6 +881,9 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
             : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   GCOMM_CHECK(agree(comm, res, "shared-memory connection"));
   gcommShmUnlink(comm); /* every rank has mapped every segment it needs */
+#ifdef GCOMM_OFI
+  GCOMM_CHECK(agree(comm, gcommNetSetup(comm), "network setup"));
+#endif
 
   if (comm->params.dumpSignal > 0) {
     struct sigaction sa;
@@ -871,6 +912,9 @@ static void commFree(gcommComm_t comm) {
   }
   if (comm->queues) drainAll(comm); /* frees whatever never ran */
   gcommShmFree(comm);
+#ifdef GCOMM_OFI
+  gcommNetFree(comm);
+#endif
   free(comm->sendConns);
   free(comm->recvConns);
   free(comm->queues);
@@ -1369,7 +1413,7 @@ gcommResult_t gcommProgress(gcommComm_t comm) {
 }
 
 static int allDone(gcommComm_t comm, uint64_t target) {
-  return __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE) >= target;
+  return __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE) >= target && !netPending(comm);
 }
 
 /* The result of finished work: the communicator's error if it stopped, else success. */

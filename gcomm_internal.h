@@ -58,6 +58,11 @@ typedef struct {
   int64_t dumpSignal;   /* GCOMM_PROXY_DUMP_SIGNAL */
   int64_t timeoutMs;    /* GCOMM_TIMEOUT_MS */
   const char* hostId;   /* GCOMM_HOSTID, or NULL */
+#ifdef GCOMM_OFI
+  int64_t netDisable;      /* GCOMM_NET_DISABLE */
+  const char* ofiProvider; /* GCOMM_OFI_PROVIDER, or NULL */
+  const char* ofiIface;    /* GCOMM_OFI_IFACE, or NULL */
+#endif
 } gcommParams_t;
 
 /* ---- Connections ----
@@ -133,6 +138,9 @@ struct gcommComm {
   gcommConn_t* sendConns; /* [lane * nranks + peer] */
   gcommConn_t* recvConns;
   struct gcommShm* shm;
+#ifdef GCOMM_OFI
+  struct gcommNet* net; /* transports/net_ofi.c; NULL when every rank is on one node */
+#endif
 
   /* progress engine */
   pthread_mutex_t postLock;
@@ -172,5 +180,20 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card);
 gcommResult_t gcommShmConnect(gcommComm_t comm);
 void gcommShmUnlink(gcommComm_t comm);
 void gcommShmFree(gcommComm_t comm);
+
+#ifdef GCOMM_OFI
+/* ---- Network transport (transports/net_ofi.c, make OFI=1) ---- */
+/* Collective over the communicator (one MPI_Allgather of fabric addresses) when any two ranks are
+ * on different nodes: opens the endpoint and points every remote peer's connections at FIFOs in
+ * this rank's registered memory. Nothing when all ranks share a node. */
+gcommResult_t gcommNetSetup(gcommComm_t comm);
+/* The proxy's network half, run by progressPass only: posts sends of filled slots and receives
+ * into free ones, reads the completion queue, advances head (sends) and tail (receives). Sets
+ * *moved when anything happened. An error completion names the peer. */
+gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved);
+/* Whether slots handed to the network have not all been delivered (0 once the comm failed). */
+int gcommNetSendsPending(gcommComm_t comm);
+void gcommNetFree(gcommComm_t comm);
+#endif
 
 #endif /* GCOMM_INTERNAL_H */
