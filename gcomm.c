@@ -499,6 +499,17 @@ static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int
                        "waited to %s it",
                        funcNames[op->func], (unsigned long long)op->seq, w->lane, w->step,
                        w->nSteps, peer, isRecv ? "receive from" : "send to");
+  /* the peer lives but may itself be stuck behind a dead rank (it stopped when it saw the death,
+   * or waits too): after a second, name any dead rank of this machine */
+  if (waitedMs >= 1000 && (comm->passes & 1023) == 0)
+    for (int q = 0; q < comm->nranks; q++)
+      if (q != comm->rank && q != peer && peerIsDead(comm, q))
+        return gcommSetError(comm, gcommRemoteError, q, "progress",
+                             "%s (seq %llu) lane %d step %ld/%ld: rank %d has died; this rank "
+                             "waited %llu ms to %s rank %d",
+                             funcNames[op->func], (unsigned long long)op->seq, w->lane, w->step,
+                             w->nSteps, q, (unsigned long long)waitedMs,
+                             isRecv ? "receive from" : "send to", peer);
   if ((int64_t)waitedMs >= comm->params.timeoutMs)
     return gcommSetError(comm, gcommTimeout, peer, "progress",
                        "%s (seq %llu, count %zu, %s) lane %d step %ld/%ld: waited %llu ms to "
