@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# test/test_net.sh - the network transport (make OFI=1) between pretend nodes on one machine.
+#
+# The correctness programs of test/ (test_coll, test_p2p: every collective, datatype, op,
+# algorithm, poll and thread modes) run unchanged, with GCOMM_HOSTID giving each group of
+# ranks-per-node ranks its own "node", so every connection between groups goes through libfabric
+# (tcp on loopback, or the shm provider). Then test_netkill kills one rank in the middle of a
+# 32 MiB all-reduce (mpiexec -disable-auto-cleanup keeps the survivors running): every survivor
+# must fail with an error naming the dead rank within GCOMM_TIMEOUT_MS, without hanging or crashing.
+# Last: GCOMM_NET_DISABLE=1 must refuse the remote ranks.
+#
+# Environment: BUILD (default build-ofi; built with `make OFI=1 BUILD=build-ofi`), MPIEXEC,
+#   TEST_NET_CONFIGS  provider:nodes x ranks-per-node list (default "tcp:2x1 tcp:2x2 shm:3x1")
+#   TEST_NET_KILLS    the same for the kill test (default "tcp:2x2 shm:2x2 tcp:3x1/poll")
+#   TEST_NET_PROGS    correctness programs (default "test_coll test_p2p")
+#   TEST_TIMEOUT      seconds one run may take (default 900)
+# The last line is "N passed, N failed"; the exit status is non-zero when anything failed.
+set -u
+BUILD=${BUILD:-build-ofi}
+MPIEXEC=${MPIEXEC:-mpiexec}
+TIMEOUT=${TEST_TIMEOUT:-900}
+CONFIGS=${TEST_NET_CONFIGS:-"tcp:2x1 tcp:2x2 shm:3x1"}
+KILLS=${TEST_NET_KILLS:-"tcp:2x2 shm:2x2 tcp:3x1/poll"}
+PROGS=${TEST_NET_PROGS:-"test_coll test_p2p"}
+here=$(cd "$(dirname "$0")" && pwd)
+
+export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+export HWLOC_PLUGINS_PATH=${HWLOC_PLUGINS_PATH:-/nonexistent}
+export FI_TCP_IFACE=${FI_TCP_IFACE:-lo} # CI has no network: loopback only
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+out=$tmp/out
+# Each rank's node: its rank (MPICH's PMI_RANK, Open MPI's OMPI_COMM_WORLD_RANK) / ranks per node.
+# A shell stays the parent of the program: it reaps a killed rank at once (a zombie would still
+# look alive to kill(pid, 0)) and ignores the SIGUSR1 that hydra sends survivors of a dead rank.
+cat >"$tmp/node.sh" <<'WRAP'
+#!/usr/bin/env bash
+trap '' USR1
+r=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}
+export GCOMM_HOSTID=node$((r / TEST_NET_RPN))
+"$@"
+WRAP
+chmod +x "$tmp/node.sh"
+
+mpiexec_flags=()
+if "$MPIEXEC" --version 2>&1 | grep -qi "open mpi\|openrte"; then
+  mpiexec_flags+=(--oversubscribe)
+  [ "$(id -u)" = 0 ] && mpiexec_flags+=(--allow-run-as-root)
+fi
+hydra=0
+"$MPIEXEC" --version 2>&1 | grep -qi hydra && hydra=1
+
+passed=0
+failed=0
+fail() { echo "FAIL $*"; failed=$((failed + 1)); }
+
+# config "prov:NxR[/poll]" -> provider, nodes, ranks per node, poll
+parse() {
+  prov=${1%%:*}
+  local shape=${1#*:}
+  poll=0
+  case $shape in */poll) poll=1 shape=${shape%/poll} ;; esac
+  nodes=${shape%x*}
+  rpn=${shape#*x}
+  n=$((nodes * rpn))
+}
+
+provenv() {
+  echo "GCOMM_OFI_PROVIDER=$1 TEST_NET_RPN=$2"
+}
+
+for cfg in $CONFIGS; do
+  parse "$cfg"
+  for prog in $PROGS; do
+    [ -x "$BUILD/test/$prog" ] || { fail "$prog: not built in $BUILD/test"; continue; }
+    echo "== $prog over $prov: $nodes pretend nodes x $rpn ranks"
+    t0=$(date +%s)
+    env $(provenv "$prov" "$rpn") timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" \
+      -n "$n" "$tmp/node.sh" "$BUILD/test/$prog" 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    p=$(grep -c '^PASS ' "$out")
+    f=$(grep -c '^FAIL ' "$out")
+    passed=$((passed + p))
+    failed=$((failed + f))
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then fail "$prog $cfg: timed out after $TIMEOUT s"
+    elif [ "$rc" != 0 ]; then fail "$prog $cfg: exited with status $rc"
+    elif [ "$p" = 0 ]; then fail "$prog $cfg: ran no check"
+    fi
+    echo "== $prog $cfg: $p PASS, $f FAIL lines, $(($(date +%s) - t0)) s"
+  done
+done
+
+# A rank dies in the middle of a large all-reduce.
+if [ "$hydra" = 1 ]; then keep=(-disable-auto-cleanup); else keep=(--mca orte_abort_on_non_zero_status 0); fi
+for cfg in $KILLS; do
+  parse "$cfg"
+  victim=1
+  dir=$tmp/kill-$prov-$n-$poll
+  mkdir -p "$dir"
+  echo "== test_netkill over $prov: $nodes pretend nodes x $rpn ranks, rank $victim killed$([ $poll = 1 ] && echo ", poll mode")"
+  t0=$(date +%s)
+  env $(provenv "$prov" "$rpn") TEST_KILL_RANK=$victim TEST_POLL=$poll TEST_NETKILL_DIR="$dir" \
+    GCOMM_TIMEOUT_MS=3000 timeout -k 5 120 "$MPIEXEC" "${mpiexec_flags[@]}" "${keep[@]}" -n "$n" \
+    "$tmp/node.sh" "$BUILD/test/test_netkill" >"$out" 2>&1
+  rc=$?
+  [ "$rc" = 124 ] && fail "test_netkill $cfg: the job hung"
+  for ((r = 0; r < n; r++)); do
+    [ "$r" = "$victim" ] && continue
+    if [ -s "$dir/rank$r" ]; then
+      cat "$dir/rank$r"
+      if grep -q '^PASS' "$dir/rank$r"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    else
+      fail "test_netkill $cfg: survivor rank $r reported nothing (crashed or hung?)"
+      tail -20 "$out"
+    fi
+  done
+  echo "== test_netkill $cfg: $(($(date +%s) - t0)) s"
+done
+
+# GCOMM_NET_DISABLE=1 refuses ranks on other nodes, naming one.
+echo "== GCOMM_NET_DISABLE=1 across 2 pretend nodes"
+GCOMM_NET_DISABLE=1 GCOMM_OFI_PROVIDER=tcp TEST_NET_RPN=1 timeout -k 5 60 "$MPIEXEC" \
+  "${mpiexec_flags[@]}" -n 2 "$tmp/node.sh" "$BUILD/test/test_netkill" >"$out" 2>&1
+if grep -q "GCOMM_NET_DISABLE=1 refuses the network" "$out" && ! grep -q '^PASS' "$out"; then
+  echo "PASS GCOMM_NET_DISABLE=1 refuses remote ranks"
+  passed=$((passed + 1))
+else
+  fail "GCOMM_NET_DISABLE=1 did not refuse remote ranks"
+  tail -5 "$out"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
