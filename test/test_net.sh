@@ -12,6 +12,7 @@
 # Environment: BUILD (default build-ofi; built with `make OFI=1 BUILD=build-ofi`), MPIEXEC,
 #   TEST_NET_CONFIGS  provider:nodes x ranks-per-node list (default "tcp:2x1 tcp:2x2 shm:3x1")
 #   TEST_NET_KILLS    the same for the kill test (default "tcp:2x2 shm:2x2 tcp:3x1/poll")
+#   (an empty TEST_NET_CONFIGS or TEST_NET_KILLS skips that part)
 #   TEST_NET_PROGS    correctness programs (default "test_coll test_p2p")
 #   TEST_TIMEOUT      seconds one run may take (default 900)
 # The last line is "N passed, N failed"; the exit status is non-zero when anything failed.
@@ -19,8 +20,8 @@ set -u
 BUILD=${BUILD:-build-ofi}
 MPIEXEC=${MPIEXEC:-mpiexec}
 TIMEOUT=${TEST_TIMEOUT:-900}
-CONFIGS=${TEST_NET_CONFIGS:-"tcp:2x1 tcp:2x2 shm:3x1"}
-KILLS=${TEST_NET_KILLS:-"tcp:2x2 shm:2x2 tcp:3x1/poll"}
+CONFIGS=${TEST_NET_CONFIGS-"tcp:2x1 tcp:2x2 shm:3x1"}
+KILLS=${TEST_NET_KILLS-"tcp:2x2 shm:2x2 tcp:3x1/poll"}
 PROGS=${TEST_NET_PROGS:-"test_coll test_p2p"}
 here=$(cd "$(dirname "$0")" && pwd)
 
