@@ -121,7 +121,7 @@ gcommResult_t gcommCommDevice(const gcommComm_t comm, int* device);
  * Enqueue and return. On a GPU communicator they are ordered on stream; on a host communicator
  * (stream NULL) they run asynchronously and complete at gcommWait(comm, NULL). In-place: sendbuff
  * == recvbuff for AllReduce, Broadcast, Reduce; recvbuff == sendbuff + rank*recvcount for
- * ReduceScatter; sendbuff == recvbuff + rank*sendcount for AllGather and Gather. Any other overlap
+ * ReduceScatter and Scatter; sendbuff == recvbuff + rank*sendcount for AllGather and Gather. Any other overlap
  * is rejected. */
 gcommResult_t gcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                              gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,

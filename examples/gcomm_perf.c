@@ -1,0 +1,1510 @@
+/*
+ * gcomm_perf.c - the gcomm benchmark.
+ *
+ * nccl-tests' flags and output format, for every collective, timing gcomm and, in the same run
+ * and the same harness, the MPI library's own collectives (and NCCL, when built with
+ * -DGCOMM_PERF_NCCL). Each backend prints its own table, so that the tables compare line by line.
+ *
+ *   mpiexec -n 4 build/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
+ *
+ * How it is put together, top to bottom:
+ *   options        the command line (nccl-tests' short flags, plus --coll and --backend)
+ *   types          element types, half/bfloat16 converters, loading and storing one element
+ *   memory         buffers and timers, on the host or (GCOMM_CUDA) on the device
+ *   data           the input of every rank (regenerable anywhere) and the expected results
+ *   backends       gcomm, MPI, NCCL: open, close, completion, one runner per collective
+ *   collectives    the table: name, shape of the buffers, busbw factor, expected values, runners
+ *   harness        sizing, timing, checking, printing a row, a table, the whole run
+ *
+ * Sizes, counts, algbw and busbw follow nccl-tests: for allgather, gather, reducescatter, scatter
+ * and alltoall the size column is the largest buffer (nranks blocks) and count is one block; the
+ * per-rank block is rounded down to 16 bytes. Times are the average per iteration over -n
+ * iterations after -w warm-ups, averaged across ranks (-a), in microseconds.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gcomm.h"
+
+#ifdef GCOMM_CUDA
+#include <cuda_runtime.h>
+#endif
+#ifdef GCOMM_PERF_NCCL
+#ifndef GCOMM_CUDA
+#error "the NCCL backend needs device buffers: build with make CUDA=1 NCCL=1"
+#endif
+#include <nccl.h>
+#endif
+
+#define PRINT(...)                            \
+  do {                                        \
+    if (world.rank == 0) printf(__VA_ARGS__); \
+  } while (0)
+
+/* ======================================================================================== */
+/* Process-wide state and errors                                                            */
+/* ======================================================================================== */
+
+static struct {
+  int rank, nranks, localRank;
+  int device; /* the CUDA device of this rank, -1 for host memory */
+  char host[64];
+} world = {0, 1, 0, -1, ""};
+
+static void die(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fflush(stdout);
+  fprintf(stderr, "gcomm_perf: rank %d: ", world.rank);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/* Any gcomm call that fails ends the run: its error string and the communicator's last error. */
+static gcommComm_t gcComm; /* for gcommGetLastError; NULL until created */
+#define GC(call) gcCheck((call), #call, __LINE__)
+static void gcCheck(gcommResult_t r, const char* what, int line) {
+  if (r == gcommSuccess) return;
+  fflush(stdout);
+  fprintf(stderr, "gcomm_perf: rank %d: line %d: %s: %s: %s\n", world.rank, line, what,
+          gcommGetErrorString(r), gcommGetLastError(gcComm));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+#ifdef GCOMM_CUDA
+#define CU(call) cuCheck((call), #call)
+static void cuCheck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) die("%s: %s", what, cudaGetErrorString(e));
+}
+#endif
+
+/* ======================================================================================== */
+/* Options                                                                                  */
+/* ======================================================================================== */
+
+enum { BACKEND_GCOMM, BACKEND_MPI, BACKEND_NCCL, NUM_BACKENDS };
+#define ALL (-1) /* -d all, -o all, -r all, --coll all */
+
+static struct {
+  size_t minBytes, maxBytes, stepBytes, stepFactor;
+  int iters, warmup, check, average, gpu;
+  int type, op, root;
+  unsigned colls;    /* bit i: collectives[i] */
+  unsigned backends; /* bit i: BACKEND_i, in that order */
+  int proxyMode;     /* GCOMM_PROXY_*, or -1 for gcomm's default */
+} opt = {32 << 20, 32 << 20, 1 << 20, 1, 20, 5, 1, 1, -1, gcommFloat, gcommSum, 0, 0, 0, -1};
+
+static const char* const opNames[gcommNumOps] = {"sum", "prod", "max", "min", "avg"};
+static const char* const backendNames[NUM_BACKENDS] = {"gcomm", "mpi", "nccl"};
+
+static void usage(const char* prog) {
+  PRINT(
+      "USAGE: %s\n"
+      "\t[-b,--minbytes <min size in bytes, K/M/G suffixes>]\n"
+      "\t[-e,--maxbytes <max size in bytes>]\n"
+      "\t[-i,--stepbytes <increment size>]\n"
+      "\t[-f,--stepfactor <increment factor>]\n"
+      "\t[-n,--iters <iteration count>] (default 20)\n"
+      "\t[-w,--warmup_iters <warmup iteration count>] (default 5)\n"
+      "\t[-c,--check <check iteration count>] (default 1)\n"
+      "\t[-d,--datatype <int8/uint8/int32/uint32/int64/uint64/half/float/double/bfloat16/all>]\n"
+      "\t[-o,--op <sum/prod/max/min/avg/all>]\n"
+      "\t[-r,--root <root/all>]\n"
+      "\t[-a,--average <0/1/2/3> report average iteration time <0=RANK0/1=AVG/2=MIN/3=MAX>]\n"
+      "\t[-g <0/1>, --gpu[=0/1]] device buffers (default: in a CUDA build with a device present)\n"
+      "\t[--coll <allreduce/broadcast/reduce/allgather/reducescatter/alltoall/gather/scatter/"
+      "sendrecv/all>[,...]] (default allreduce)\n"
+      "\t[--backend <gcomm/mpi/nccl>[,...]] (default gcomm)\n"
+      "\t[--proxy <thread/poll>] gcomm's progress mode (GCOMM_PROXY_MODE wins)\n"
+      "\t[-h,--help]\n",
+      prog);
+}
+
+/* A size with an optional K, M or G suffix (binary, as nccl-tests). */
+static int parseSize(const char* s, size_t* out) {
+  char* end;
+  double v = strtod(s, &end);
+  double unit = 1;
+  if (end == s || v < 0) return -1;
+  switch (*end) {
+    case 'k':
+    case 'K':
+      unit = 1024.0, end++;
+      break;
+    case 'm':
+    case 'M':
+      unit = 1024.0 * 1024, end++;
+      break;
+    case 'g':
+    case 'G':
+      unit = 1024.0 * 1024 * 1024, end++;
+      break;
+  }
+  if (*end == 'B' || *end == 'b') end++;
+  if (*end != '\0') return -1;
+  *out = (size_t)(v * unit);
+  return 0;
+}
+
+/* "all_reduce", "AllReduce" and "allreduce" name the same thing. */
+static int sameName(const char* a, const char* b, size_t blen) {
+  size_t j = 0;
+  for (; *a; a++) {
+    if (*a == '_' || *a == '-') continue;
+    if (j >= blen || (*a | 0x20) != (b[j] | 0x20)) return 0;
+    j++;
+    while (j < blen && (b[j] == '_' || b[j] == '-')) j++;
+  }
+  return j == blen;
+}
+
+/* Index of name in names[0..n), or ALL for "all", or -2. */
+static int lookup(const char* name, size_t len, const char* const* names, int n) {
+  if (sameName("all", name, len)) return ALL;
+  for (int i = 0; i < n; i++)
+    if (names[i] && sameName(names[i], name, len)) return i;
+  return -2;
+}
+
+/* A comma list of names into a bit mask; 0 when one is unknown. */
+static unsigned parseList(const char* list, const char* const* names, int n) {
+  unsigned mask = 0;
+  while (*list) {
+    size_t len = strcspn(list, ",");
+    int i = lookup(list, len, names, n);
+    if (i == -2) return 0;
+    mask |= i == ALL ? (1u << n) - 1 : 1u << i;
+    list += len + (list[len] == ',');
+  }
+  return mask;
+}
+
+/* ======================================================================================== */
+/* Types                                                                                    */
+/* ======================================================================================== */
+
+static const struct {
+  const char* name;  /* as nccl-tests prints it */
+  const char* alias; /* also accepted by -d */
+  int size, isFloat, isSigned;
+  double eps; /* unit roundoff, for the tolerance of avg */
+} types[gcommNumTypes] = {
+    [gcommInt8] = {"int8", "char", 1, 0, 1, 0},
+    [gcommUint8] = {"uint8", NULL, 1, 0, 0, 0},
+    [gcommInt32] = {"int32", "int", 4, 0, 1, 0},
+    [gcommUint32] = {"uint32", NULL, 4, 0, 0, 0},
+    [gcommInt64] = {"int64", NULL, 8, 0, 1, 0},
+    [gcommUint64] = {"uint64", NULL, 8, 0, 0, 0},
+    [gcommFloat16] = {"half", "float16", 2, 1, 1, 0x1p-11},
+    [gcommFloat32] = {"float", "float32", 4, 1, 1, 0x1p-24},
+    [gcommFloat64] = {"double", "float64", 8, 1, 1, 0x1p-53},
+    [gcommBfloat16] = {"bfloat16", "bf16", 2, 1, 1, 0x1p-8},
+};
+
+static int parseType(const char* s) {
+  for (int t = 0; t < gcommNumTypes; t++)
+    if (strcmp(s, types[t].name) == 0 || (types[t].alias && strcmp(s, types[t].alias) == 0))
+      return t;
+  return strcmp(s, "all") == 0 ? ALL : -2;
+}
+
+static float bitsToFloat(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static uint32_t floatToBits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+static float halfToFloat(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  if (exp == 0) { /* zero or subnormal: man * 2^-24 */
+    float f = (float)man * 0x1p-24f;
+    return sign ? -f : f;
+  }
+  if (exp == 0x1f) return bitsToFloat(sign | 0x7f800000u | (man << 13));
+  return bitsToFloat(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+/* Round to nearest even. */
+static uint16_t floatToHalf(float f) {
+  uint32_t x = floatToBits(f), sign = (x >> 16) & 0x8000, mag = x & 0x7fffffffu;
+  if (mag > 0x7f800000u) return (uint16_t)(sign | 0x7e00);  /* nan */
+  if (mag >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* inf, or rounds to it */
+  if (mag < 0x38800000u) {                                  /* subnormal half, or zero */
+    return (uint16_t)(sign | (uint32_t)lrintf(bitsToFloat(mag) * 0x1p24f));
+  }
+  mag -= 0x38000000u; /* exponent bias 127 -> 15 */
+  return (uint16_t)(sign | ((mag + 0xfff + ((mag >> 13) & 1)) >> 13));
+}
+
+static float bf16ToFloat(uint16_t b) {
+  return bitsToFloat((uint32_t)b << 16);
+}
+
+static uint16_t floatToBf16(float f) {
+  uint32_t x = floatToBits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* nan */
+  return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+/* Element i of an array of type, as a double (our values are small integers or their avg). */
+static double loadValue(int type, const void* base, size_t i) {
+  const char* p = (const char*)base + i * (size_t)types[type].size;
+  union {
+    int8_t i8;
+    uint8_t u8;
+    int32_t i32;
+    uint32_t u32;
+    int64_t i64;
+    uint64_t u64;
+    uint16_t u16;
+    float f;
+    double d;
+  } v;
+  memcpy(&v, p, (size_t)types[type].size);
+  switch (type) {
+    case gcommInt8:
+      return v.i8;
+    case gcommUint8:
+      return v.u8;
+    case gcommInt32:
+      return v.i32;
+    case gcommUint32:
+      return v.u32;
+    case gcommInt64:
+      return (double)v.i64;
+    case gcommUint64:
+      return (double)v.u64;
+    case gcommFloat16:
+      return halfToFloat(v.u16);
+    case gcommFloat32:
+      return v.f;
+    case gcommFloat64:
+      return v.d;
+    default:
+      return bf16ToFloat(v.u16);
+  }
+}
+
+/* Stores v rounded to type; integers wrap, like gcomm's integer Sum and Prod. */
+static void storeValue(int type, void* base, size_t i, double v) {
+  char* p = (char*)base + i * (size_t)types[type].size;
+  uint16_t h;
+  float f;
+  uint64_t u;
+  switch (type) {
+    case gcommFloat16:
+      h = floatToHalf((float)v), memcpy(p, &h, 2);
+      return;
+    case gcommBfloat16:
+      h = floatToBf16((float)v), memcpy(p, &h, 2);
+      return;
+    case gcommFloat32:
+      f = (float)v, memcpy(p, &f, 4);
+      return;
+    case gcommFloat64:
+      memcpy(p, &v, 8);
+      return;
+    default: /* the low bytes of the two's complement (little endian) */
+      u = v >= 0x1p63 ? (uint64_t)v : (uint64_t)(int64_t)v;
+      memcpy(p, &u, (size_t)types[type].size);
+  }
+}
+
+/* v as the type holds it. */
+static double toType(int type, double v) {
+  char tmp[8];
+  storeValue(type, tmp, 0, v);
+  return loadValue(type, tmp, 0);
+}
+
+/* ======================================================================================== */
+/* Memory and timers: host memory and clock_gettime, or device memory and CUDA events       */
+/* ======================================================================================== */
+
+#ifdef GCOMM_CUDA
+static cudaStream_t stream; /* the stream of the gcomm or NCCL backend on device buffers */
+static cudaEvent_t events[2];
+#endif
+
+/* bytes of zeros, 64-byte aligned. Zeros, not garbage: no float denormals or NaNs get timed. */
+static void* bufAlloc(int onDevice, size_t bytes) {
+  void* p = NULL;
+  bytes = (bytes + 63) & ~(size_t)63;
+  if (bytes == 0) bytes = 64;
+#ifdef GCOMM_CUDA
+  if (onDevice) {
+    CU(cudaMalloc(&p, bytes));
+    CU(cudaMemset(p, 0, bytes));
+    CU(cudaDeviceSynchronize());
+    return p;
+  }
+#endif
+  (void)onDevice;
+  p = aligned_alloc(64, bytes);
+  if (p == NULL) die("out of host memory");
+  memset(p, 0, bytes);
+  return p;
+}
+
+static void bufFree(int onDevice, void* p) {
+#ifdef GCOMM_CUDA
+  if (onDevice) {
+    CU(cudaFree(p));
+    return;
+  }
+#endif
+  (void)onDevice;
+  free(p);
+}
+
+static void bufUpload(int onDevice, void* dst, const void* host, size_t bytes) {
+#ifdef GCOMM_CUDA
+  if (onDevice) {
+    CU(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
+    CU(cudaDeviceSynchronize()); /* from pageable memory it may return before the copy ends */
+    return;
+  }
+#endif
+  (void)onDevice;
+  memcpy(dst, host, bytes);
+}
+
+static void bufDownload(int onDevice, void* host, const void* src, size_t bytes) {
+#ifdef GCOMM_CUDA
+  if (onDevice) {
+    CU(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost));
+    return;
+  }
+#endif
+  (void)onDevice;
+  memcpy(host, src, bytes);
+}
+
+static double hostSeconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+  int onDevice;
+  double t0;
+} Timer;
+
+static void timerStart(Timer* tm, int onDevice) {
+  tm->onDevice = onDevice;
+#ifdef GCOMM_CUDA
+  if (onDevice) {
+    CU(cudaEventRecord(events[0], stream));
+    return;
+  }
+#endif
+  tm->t0 = hostSeconds();
+}
+
+/* Marks the end; call after the work is enqueued and before waiting for it. */
+static void timerMark(Timer* tm) {
+#ifdef GCOMM_CUDA
+  if (tm->onDevice) CU(cudaEventRecord(events[1], stream));
+#endif
+  (void)tm;
+}
+
+/* Seconds from start to mark; call once the work is complete. */
+static double timerSeconds(Timer* tm) {
+#ifdef GCOMM_CUDA
+  if (tm->onDevice) {
+    float ms;
+    CU(cudaEventSynchronize(events[1]));
+    CU(cudaEventElapsedTime(&ms, events[0], events[1]));
+    return 1e-3 * ms;
+  }
+#endif
+  return hostSeconds() - tm->t0;
+}
+
+/* ======================================================================================== */
+/* Tests and data                                                                           */
+/* ======================================================================================== */
+
+typedef struct Coll Coll;
+typedef struct Backend Backend;
+
+/* One measurement: a collective on one backend, type, op, root and size, in or out of place. */
+typedef struct {
+  const Coll* coll;
+  const Backend* be;
+  int type, op, root, inPlace;
+  size_t count;                  /* the count argument of the call */
+  size_t sendCount, recvCount;   /* elements the call reads and writes on this rank */
+  size_t sendOffset, recvOffset; /* in place: where they lie in the receive buffer */
+  void *sendBuf, *recvBuf;       /* the allocations */
+  unsigned seed;
+} Test;
+
+typedef void (*RunFn)(const Test* t, const void* send, void* recv);
+
+/* How the buffers relate, after nccl-tests (count: the call's argument; base: one rank's block).
+ *   SAME      send = recv = count                        allreduce broadcast reduce sendrecv
+ *   GATHER    send = base, recv = nranks*base, in place  allgather gather
+ *             send lies at block rank of recv
+ *   SCATTER   send = nranks*base, recv = base, in place  reducescatter scatter
+ *             recv lies at block rank of send
+ *   ALLTOALL  send = recv = nranks*base                  alltoall */
+typedef enum { SHAPE_SAME, SHAPE_GATHER, SHAPE_SCATTER, SHAPE_ALLTOALL } Shape;
+
+struct Coll {
+  const char* name;
+  Shape shape;
+  int reduces;          /* takes a redop: -o loops over it, the redop column names it */
+  int rooted;           /* takes a root: -r loops over it, the root column shows it */
+  int rootInputOnly;    /* only the root's input is read (broadcast, scatter) */
+  int rootResultOnly;   /* only the root gets a result (reduce, gather); elsewhere: all of it */
+  int inPlaceUndefined; /* in place leaves no defined result: #wrong is N/A, as nccl-tests */
+  unsigned noInPlace;   /* backends with no in-place form of it: the in-place columns are N/A */
+  double (*busFactor)(int nranks);
+  double (*expect)(const Test* t, size_t i); /* element i of this rank's result */
+  RunFn run[NUM_BACKENDS];
+};
+
+static int reduces(const Test* t) {
+  return t->coll->reduces;
+}
+
+static uint32_t hash32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+/* Element i of rank's input. Small integers, so that every op is exact in every type whatever
+ * the order of the reduction: [-3,3] (unsigned [0,3]) for sum, avg, max, min; +-1 for prod with
+ * one rank per element contributing 2; [-100,100] ([0,200]) for the collectives that only move
+ * data (exact in int8 and bfloat16). */
+static double inputValue(const Test* t, int rank, size_t i) {
+  uint32_t key = (uint32_t)(rank + 1) * 0x9e3779b9u + t->seed * 0x85ebca6bu;
+  uint32_t h = hash32((uint32_t)i ^ key);
+  if (i >> 32) h = hash32(h ^ (uint32_t)(i >> 32));
+  int isSigned = types[t->type].isSigned;
+  if (!reduces(t)) return isSigned ? (double)(h % 201) - 100 : h % 201;
+  if (t->op == gcommProd) {
+    if ((i + (size_t)rank) % (size_t)world.nranks == 0) return 2;
+    return isSigned && (h & 1) ? -1 : 1;
+  }
+  return isSigned ? (double)(h % 7) - 3 : h % 4;
+}
+
+/* Element i reduced over every rank's input, in the type's arithmetic. */
+static double reducedValue(const Test* t, size_t i) {
+  double acc = inputValue(t, 0, i);
+  for (int q = 1; q < world.nranks; q++) {
+    double v = inputValue(t, q, i);
+    switch (t->op) {
+      case gcommProd:
+        acc *= v;
+        break;
+      case gcommMax:
+        acc = v > acc ? v : acc;
+        break;
+      case gcommMin:
+        acc = v < acc ? v : acc;
+        break;
+      default:
+        acc += v;
+        break;
+    }
+  }
+  acc = toType(t->type, acc); /* integer wrap-around, before Avg's division */
+  if (t->op != gcommAvg) return acc;
+  if (types[t->type].isFloat) return acc / world.nranks;
+  return (double)((int64_t)acc / world.nranks); /* integer division truncates */
+}
+
+/* In place of MPI's missing Avg, and of half/bfloat16: the element-wise post-division. */
+static void divideByRanks(int type, void* buf, size_t count) {
+  for (size_t i = 0; i < count; i++) {
+    double v = loadValue(type, buf, i);
+    if (types[type].isFloat) {
+      storeValue(type, buf, i, v / world.nranks);
+    } else if (types[type].isSigned) {
+      storeValue(type, buf, i, (double)((int64_t)v / world.nranks));
+    } else {
+      storeValue(type, buf, i, (double)((uint64_t)v / (uint64_t)world.nranks));
+    }
+  }
+}
+
+/* ======================================================================================== */
+/* Backends                                                                                 */
+/* ======================================================================================== */
+
+struct Backend {
+  const char* name;
+  int id;
+  int (*onDevice)(void); /* buffers in device memory */
+  void (*open)(void);    /* before its table */
+  void (*close)(void);   /* after it */
+  void (*describe)(char* buf, size_t n);
+  void (*afterEach)(void); /* after each call: complete it, if it must be */
+  void (*afterAll)(void);  /* after the timed calls are enqueued: complete them */
+  void* (*result)(const Test* t, void* send, void* recv); /* where this rank's result lies */
+  int (*inPlaceBroken)(const Test* t); /* the library is known to fail it in place: N/A */
+};
+
+static void nothing(void) {}
+static int never(const Test* t) {
+  (void)t;
+  return 0;
+}
+static void* resultInRecv(const Test* t, void* send, void* recv) {
+  (void)t, (void)send;
+  return recv;
+}
+
+/* ---- gcomm: a communicator over MPI_COMM_WORLD; on the host each call completes at gcommWait */
+
+static gcommStream_t gcStream; /* NULL on host memory */
+
+static int gcOnDevice(void) {
+  return world.device >= 0;
+}
+
+static void gcOpen(void) {
+  gcommConfig_t config = GCOMM_CONFIG_INITIALIZER;
+  config.device = world.device >= 0 ? world.device : GCOMM_DEVICE_HOST;
+  if (opt.proxyMode >= 0) config.proxyMode = opt.proxyMode;
+  config.commName = "gcomm_perf";
+  GC(gcommCommInitMPI(&gcComm, MPI_COMM_WORLD, &config));
+#ifdef GCOMM_CUDA
+  gcStream = world.device >= 0 ? (gcommStream_t)stream : NULL;
+#endif
+}
+
+static void gcClose(void) {
+  GC(gcommCommDestroy(gcComm));
+  gcComm = NULL;
+}
+
+static const char* proxyDescription(void) {
+  const char* env = getenv("GCOMM_PROXY_MODE");
+  if (env && *env)
+    return strcmp(env, "poll") == 0 ? "poll mode (GCOMM_PROXY_MODE)"
+                                    : "proxy thread (GCOMM_PROXY_MODE)";
+  return opt.proxyMode == GCOMM_PROXY_POLL ? "poll mode" : "proxy thread";
+}
+
+static void gcDescribe(char* buf, size_t n) {
+  int v = 0;
+  GC(gcommGetVersion(&v));
+  snprintf(buf, n, "%s, %s, gcomm %d.%d.%d",
+           world.device >= 0 ? "device memory, stream" : "host memory", proxyDescription(),
+           v / 10000, v / 100 % 100, v % 100);
+}
+
+static void gcWaitHost(void) {
+  if (gcStream == NULL) GC(gcommWait(gcComm, NULL));
+}
+
+static void gcWaitDevice(void) {
+  if (gcStream != NULL) GC(gcommWait(gcComm, gcStream));
+}
+
+#define GCT(t) ((gcommDataType_t)(t)->type)
+#define GCO(t) ((gcommRedOp_t)(t)->op)
+
+static void gcAllReduce(const Test* t, const void* s, void* r) {
+  GC(gcommAllReduce(s, r, t->count, GCT(t), GCO(t), gcComm, gcStream));
+}
+static void gcBroadcast(const Test* t, const void* s, void* r) {
+  GC(gcommBroadcast(s, r, t->count, GCT(t), t->root, gcComm, gcStream));
+}
+static void gcReduce(const Test* t, const void* s, void* r) {
+  GC(gcommReduce(s, r, t->count, GCT(t), GCO(t), t->root, gcComm, gcStream));
+}
+static void gcAllGather(const Test* t, const void* s, void* r) {
+  GC(gcommAllGather(s, r, t->count, GCT(t), gcComm, gcStream));
+}
+static void gcReduceScatter(const Test* t, const void* s, void* r) {
+  GC(gcommReduceScatter(s, r, t->count, GCT(t), GCO(t), gcComm, gcStream));
+}
+static void gcAllToAll(const Test* t, const void* s, void* r) {
+  GC(gcommAllToAll(s, r, t->count, GCT(t), gcComm, gcStream));
+}
+static void gcGather(const Test* t, const void* s, void* r) {
+  GC(gcommGather(s, r, t->count, GCT(t), t->root, gcComm, gcStream));
+}
+static void gcScatter(const Test* t, const void* s, void* r) {
+  GC(gcommScatter(s, r, t->count, GCT(t), t->root, gcComm, gcStream));
+}
+static void gcSendRecv(const Test* t, const void* s, void* r) {
+  int next = (world.rank + 1) % world.nranks, prev = (world.rank + world.nranks - 1) % world.nranks;
+  GC(gcommGroupStart());
+  GC(gcommSend(s, t->count, GCT(t), next, gcComm, gcStream));
+  GC(gcommRecv(r, t->count, GCT(t), prev, gcComm, gcStream));
+  GC(gcommGroupEnd());
+}
+
+static const Backend gcommBackend = {.name = "gcomm",
+                                     .id = BACKEND_GCOMM,
+                                     .onDevice = gcOnDevice,
+                                     .open = gcOpen,
+                                     .close = gcClose,
+                                     .describe = gcDescribe,
+                                     .afterEach = gcWaitHost,
+                                     .afterAll = gcWaitDevice,
+                                     .result = resultInRecv,
+                                     .inPlaceBroken = never};
+
+/* ---- MPI: the library's own collectives, blocking, on host memory ---- */
+
+/* Half and bfloat16 are distinct duplicates of MPI_UINT16_T, reduced by user ops that widen to
+ * float; MPI has no Avg: Sum, then the division, inside the timed call. */
+static MPI_Datatype mpiHalf = MPI_DATATYPE_NULL, mpiBf16 = MPI_DATATYPE_NULL;
+static MPI_Op mpiLowpOps[gcommAvg];
+
+static void lowpApply(void* in, void* inout, const int* len, const MPI_Datatype* dt, int op) {
+  int type = *dt == mpiBf16 ? gcommBfloat16 : gcommFloat16;
+  for (int i = 0; i < *len; i++) {
+    double a = loadValue(type, in, (size_t)i), b = loadValue(type, inout, (size_t)i);
+    double v = op == gcommSum    ? a + b
+               : op == gcommProd ? a * b
+               : op == gcommMax  ? fmax(a, b)
+                                 : fmin(a, b);
+    storeValue(type, inout, (size_t)i, v);
+  }
+}
+static void lowpSum(void* a, void* b, int* n, MPI_Datatype* dt) {
+  lowpApply(a, b, n, dt, 0);
+}
+static void lowpProd(void* a, void* b, int* n, MPI_Datatype* dt) {
+  lowpApply(a, b, n, dt, 1);
+}
+static void lowpMax(void* a, void* b, int* n, MPI_Datatype* dt) {
+  lowpApply(a, b, n, dt, 2);
+}
+static void lowpMin(void* a, void* b, int* n, MPI_Datatype* dt) {
+  lowpApply(a, b, n, dt, 3);
+}
+
+static int mpiOnDevice(void) {
+  return 0;
+}
+
+static void mpiOpen(void) {
+  MPI_User_function* fns[gcommAvg] = {lowpSum, lowpProd, lowpMax, lowpMin};
+  MPI_Type_dup(MPI_UINT16_T, &mpiHalf);
+  MPI_Type_dup(MPI_UINT16_T, &mpiBf16);
+  for (int op = 0; op < gcommAvg; op++) MPI_Op_create(fns[op], 1, &mpiLowpOps[op]);
+}
+
+static void mpiClose(void) {
+  for (int op = 0; op < gcommAvg; op++) MPI_Op_free(&mpiLowpOps[op]);
+  MPI_Type_free(&mpiHalf);
+  MPI_Type_free(&mpiBf16);
+}
+
+static void mpiDescribe(char* buf, size_t n) {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING], *out = version;
+  int len = 0, space = 0;
+  MPI_Get_library_version(version, &len);
+  for (const char* p = version; *p && *p != '\n' && *p != ','; p++) { /* first line, one spaced */
+    if (*p == ' ' || *p == '\t') {
+      space = out != version;
+    } else {
+      if (space) *out++ = ' ';
+      *out++ = *p, space = 0;
+    }
+  }
+  *out = '\0';
+  snprintf(buf, n, "host memory, %s", version);
+}
+
+static MPI_Datatype mpiType(int type) {
+  switch (type) {
+    case gcommInt8:
+      return MPI_INT8_T;
+    case gcommUint8:
+      return MPI_UINT8_T;
+    case gcommInt32:
+      return MPI_INT32_T;
+    case gcommUint32:
+      return MPI_UINT32_T;
+    case gcommInt64:
+      return MPI_INT64_T;
+    case gcommUint64:
+      return MPI_UINT64_T;
+    case gcommFloat16:
+      return mpiHalf;
+    case gcommFloat32:
+      return MPI_FLOAT;
+    case gcommFloat64:
+      return MPI_DOUBLE;
+    default:
+      return mpiBf16;
+  }
+}
+
+static MPI_Op mpiOp(const Test* t) {
+  static const MPI_Op builtin[gcommNumOps] = {MPI_SUM, MPI_PROD, MPI_MAX, MPI_MIN, MPI_SUM};
+  int op = t->op == gcommAvg ? gcommSum : t->op;
+  if (t->type == gcommFloat16 || t->type == gcommBfloat16) return mpiLowpOps[op];
+  return builtin[op];
+}
+
+static int mpiCount(const Test* t) {
+  if (t->count > (size_t)INT32_MAX) die("count too large for MPI's int counts");
+  return (int)t->count;
+}
+
+#define MPI_IN(t, s) ((t)->inPlace ? MPI_IN_PLACE : (s))
+
+static void mpiAllReduce(const Test* t, const void* s, void* r) {
+  MPI_Allreduce(MPI_IN(t, s), r, mpiCount(t), mpiType(t->type), mpiOp(t), MPI_COMM_WORLD);
+  if (t->op == gcommAvg) divideByRanks(t->type, r, t->count);
+}
+
+/* Out of place, the root's send buffer is copied to its receive buffer, as NCCL does. */
+static void mpiBroadcast(const Test* t, const void* s, void* r) {
+  if (!t->inPlace && world.rank == t->root) memcpy(r, s, t->count * (size_t)types[t->type].size);
+  MPI_Bcast(r, mpiCount(t), mpiType(t->type), t->root, MPI_COMM_WORLD);
+}
+
+static void mpiReduce(const Test* t, const void* s, void* r) {
+  int root = world.rank == t->root;
+  MPI_Reduce(root ? MPI_IN(t, s) : s, root ? r : NULL, mpiCount(t), mpiType(t->type), mpiOp(t),
+             t->root, MPI_COMM_WORLD);
+  if (root && t->op == gcommAvg) divideByRanks(t->type, r, t->count);
+}
+
+static void mpiAllGather(const Test* t, const void* s, void* r) {
+  MPI_Datatype dt = mpiType(t->type);
+  MPI_Allgather(MPI_IN(t, s), mpiCount(t), dt, r, mpiCount(t), dt, MPI_COMM_WORLD);
+}
+
+/* In place, MPI leaves this rank's block at the start of the buffer: see mpiResult. */
+static void mpiReduceScatter(const Test* t, const void* s, void* r) {
+  void* out = t->inPlace ? (void*)s : r;
+  MPI_Reduce_scatter_block(MPI_IN(t, s), out, mpiCount(t), mpiType(t->type), mpiOp(t),
+                           MPI_COMM_WORLD);
+  if (t->op == gcommAvg) divideByRanks(t->type, out, t->count);
+}
+
+static void mpiAllToAll(const Test* t, const void* s, void* r) {
+  MPI_Datatype dt = mpiType(t->type);
+  MPI_Alltoall(MPI_IN(t, s), mpiCount(t), dt, r, mpiCount(t), dt, MPI_COMM_WORLD);
+}
+
+static void mpiGather(const Test* t, const void* s, void* r) {
+  MPI_Datatype dt = mpiType(t->type);
+  int root = world.rank == t->root;
+  MPI_Gather(root ? MPI_IN(t, s) : s, mpiCount(t), dt, root ? r : NULL, mpiCount(t), dt, t->root,
+             MPI_COMM_WORLD);
+}
+
+static void mpiScatter(const Test* t, const void* s, void* r) {
+  MPI_Datatype dt = mpiType(t->type);
+  int root = world.rank == t->root;
+  MPI_Scatter(root ? s : NULL, mpiCount(t), dt, root && t->inPlace ? MPI_IN_PLACE : r, mpiCount(t),
+              dt, t->root, MPI_COMM_WORLD);
+}
+
+static void mpiSendRecv(const Test* t, const void* s, void* r) {
+  int next = (world.rank + 1) % world.nranks, prev = (world.rank + world.nranks - 1) % world.nranks;
+  MPI_Datatype dt = mpiType(t->type);
+  if (t->inPlace) {
+    MPI_Sendrecv_replace(r, mpiCount(t), dt, next, 0, prev, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  } else {
+    MPI_Sendrecv(s, mpiCount(t), dt, next, 0, r, mpiCount(t), dt, prev, 0, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+  }
+}
+
+static void* mpiResult(const Test* t, void* s, void* r) {
+  return t->inPlace && t->coll->run[BACKEND_MPI] == mpiReduceScatter ? s : r;
+}
+
+/* MPICH 4.0 and 4.1 crash in an in-place MPI_Reduce whose root is not 0 (pmodels/mpich#6540). */
+static int mpiInPlaceBroken(const Test* t) {
+#if defined(MPICH_NUMVERSION) && MPICH_NUMVERSION >= 40000000 && MPICH_NUMVERSION < 40200000
+  return t->coll->run[BACKEND_MPI] == mpiReduce && t->root != 0;
+#else
+  (void)t;
+  return 0;
+#endif
+}
+
+static const Backend mpiBackend = {.name = "mpi",
+                                   .id = BACKEND_MPI,
+                                   .onDevice = mpiOnDevice,
+                                   .open = mpiOpen,
+                                   .close = mpiClose,
+                                   .describe = mpiDescribe,
+                                   .afterEach = nothing,
+                                   .afterAll = nothing,
+                                   .result = mpiResult,
+                                   .inPlaceBroken = mpiInPlaceBroken};
+
+/* ---- NCCL: ncclCommInitRank with the id broadcast over MPI, device buffers, one stream ---- */
+
+#ifdef GCOMM_PERF_NCCL
+static ncclComm_t ncComm;
+
+#define NC(call) ncCheck((call), #call)
+static void ncCheck(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) die("%s: %s", what, ncclGetErrorString(r));
+}
+
+static int ncOnDevice(void) {
+  return 1;
+}
+
+static void ncOpen(void) {
+  ncclUniqueId id;
+  if (world.rank == 0) NC(ncclGetUniqueId(&id));
+  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+  NC(ncclCommInitRank(&ncComm, world.nranks, id, world.rank));
+}
+
+static void ncClose(void) {
+  NC(ncclCommDestroy(ncComm));
+}
+
+static void ncDescribe(char* buf, size_t n) {
+  int v = 0;
+  NC(ncclGetVersion(&v));
+  snprintf(buf, n, "device memory, stream, NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+}
+
+static void ncSync(void) {
+  CU(cudaStreamSynchronize(stream));
+}
+
+/* gcomm's type and op enums number their members as NCCL's do. */
+#define NCT(t) ((ncclDataType_t)(t)->type)
+#define NCO(t) ((ncclRedOp_t)(t)->op)
+
+static void ncAllReduce(const Test* t, const void* s, void* r) {
+  NC(ncclAllReduce(s, r, t->count, NCT(t), NCO(t), ncComm, stream));
+}
+static void ncBroadcast(const Test* t, const void* s, void* r) {
+  NC(ncclBroadcast(s, r, t->count, NCT(t), t->root, ncComm, stream));
+}
+static void ncReduce(const Test* t, const void* s, void* r) {
+  NC(ncclReduce(s, r, t->count, NCT(t), NCO(t), t->root, ncComm, stream));
+}
+static void ncAllGather(const Test* t, const void* s, void* r) {
+  NC(ncclAllGather(s, r, t->count, NCT(t), ncComm, stream));
+}
+static void ncReduceScatter(const Test* t, const void* s, void* r) {
+  NC(ncclReduceScatter(s, r, t->count, NCT(t), NCO(t), ncComm, stream));
+}
+static void ncSendRecv(const Test* t, const void* s, void* r) {
+  int next = (world.rank + 1) % world.nranks, prev = (world.rank + world.nranks - 1) % world.nranks;
+  NC(ncclGroupStart());
+  NC(ncclSend(s, t->count, NCT(t), next, ncComm, stream));
+  NC(ncclRecv(r, t->count, NCT(t), prev, ncComm, stream));
+  NC(ncclGroupEnd());
+}
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+static void ncAllToAll(const Test* t, const void* s, void* r) {
+  NC(ncclAlltoAll(s, r, t->count, NCT(t), ncComm, stream));
+}
+static void ncGather(const Test* t, const void* s, void* r) {
+  NC(ncclGather(s, r, t->count, NCT(t), t->root, ncComm, stream));
+}
+static void ncScatter(const Test* t, const void* s, void* r) {
+  NC(ncclScatter(s, r, t->count, NCT(t), t->root, ncComm, stream));
+}
+#else /* before 2.28: grouped sends and receives, as nccl-tests does */
+static void ncAllToAll(const Test* t, const void* s, void* r) {
+  size_t bytes = t->count * (size_t)types[t->type].size;
+  NC(ncclGroupStart());
+  for (int p = 0; p < world.nranks; p++) {
+    NC(ncclSend((const char*)s + p * bytes, t->count, NCT(t), p, ncComm, stream));
+    NC(ncclRecv((char*)r + p * bytes, t->count, NCT(t), p, ncComm, stream));
+  }
+  NC(ncclGroupEnd());
+}
+static void ncGather(const Test* t, const void* s, void* r) {
+  size_t bytes = t->count * (size_t)types[t->type].size;
+  NC(ncclGroupStart());
+  NC(ncclSend(s, t->count, NCT(t), t->root, ncComm, stream));
+  for (int p = 0; world.rank == t->root && p < world.nranks; p++)
+    NC(ncclRecv((char*)r + p * bytes, t->count, NCT(t), p, ncComm, stream));
+  NC(ncclGroupEnd());
+}
+static void ncScatter(const Test* t, const void* s, void* r) {
+  size_t bytes = t->count * (size_t)types[t->type].size;
+  NC(ncclGroupStart());
+  for (int p = 0; world.rank == t->root && p < world.nranks; p++)
+    NC(ncclSend((const char*)s + p * bytes, t->count, NCT(t), p, ncComm, stream));
+  NC(ncclRecv(r, t->count, NCT(t), t->root, ncComm, stream));
+  NC(ncclGroupEnd());
+}
+#endif
+
+static const Backend ncclBackend = {.name = "nccl",
+                                    .id = BACKEND_NCCL,
+                                    .onDevice = ncOnDevice,
+                                    .open = ncOpen,
+                                    .close = ncClose,
+                                    .describe = ncDescribe,
+                                    .afterEach = nothing,
+                                    .afterAll = ncSync,
+                                    .result = resultInRecv,
+                                    .inPlaceBroken = never};
+#define NCCL_RUN(fn) fn
+#else
+#define NCCL_RUN(fn) NULL
+#endif
+
+static const Backend* backendOf(int id) {
+  switch (id) {
+    case BACKEND_GCOMM:
+      return &gcommBackend;
+    case BACKEND_MPI:
+      return &mpiBackend;
+#ifdef GCOMM_PERF_NCCL
+    case BACKEND_NCCL:
+      return &ncclBackend;
+#endif
+    default:
+      return NULL;
+  }
+}
+
+/* ======================================================================================== */
+/* The collectives                                                                          */
+/* ======================================================================================== */
+
+static double factorOne(int n) {
+  (void)n;
+  return 1;
+}
+static double factorAllReduce(int n) {
+  return 2.0 * (n - 1) / n;
+}
+static double factorGather(int n) {
+  return (double)(n - 1) / n;
+}
+
+static double expAllReduce(const Test* t, size_t i) {
+  return reducedValue(t, i);
+}
+static double expBroadcast(const Test* t, size_t i) {
+  return inputValue(t, t->root, i);
+}
+static double expAllGather(const Test* t, size_t i) {
+  return inputValue(t, (int)(i / t->count), i % t->count);
+}
+static double expReduceScatter(const Test* t, size_t i) {
+  return reducedValue(t, (size_t)world.rank * t->count + i);
+}
+static double expScatter(const Test* t, size_t i) {
+  return inputValue(t, t->root, (size_t)world.rank * t->count + i);
+}
+static double expAllToAll(const Test* t, size_t i) {
+  return inputValue(t, (int)(i / t->count), (size_t)world.rank * t->count + i % t->count);
+}
+static double expSendRecv(const Test* t, size_t i) {
+  return inputValue(t, (world.rank + world.nranks - 1) % world.nranks, i);
+}
+
+#define B(id) (1u << (id))
+
+/* gcomm.h defines no in-place AllToAll (it rejects sendbuff == recvbuff), so gcomm shows N/A. */
+/* clang-format off */
+static const Coll collectives[] = {
+/*   name             shape           red root rootIn rootOut inPlaceUndef noInPlace
+ *   busFactor        expect            runners: gcomm, MPI, NCCL */
+    {"allreduce",     SHAPE_SAME,     1,  0,   0,     0,      0,           0,
+     factorAllReduce, expAllReduce,     {gcAllReduce, mpiAllReduce, NCCL_RUN(ncAllReduce)}},
+    {"broadcast",     SHAPE_SAME,     0,  1,   1,     0,      0,           0,
+     factorOne,       expBroadcast,     {gcBroadcast, mpiBroadcast, NCCL_RUN(ncBroadcast)}},
+    {"reduce",        SHAPE_SAME,     1,  1,   0,     1,      0,           0,
+     factorOne,       expAllReduce,     {gcReduce, mpiReduce, NCCL_RUN(ncReduce)}},
+    {"allgather",     SHAPE_GATHER,   0,  0,   0,     0,      0,           0,
+     factorGather,    expAllGather,     {gcAllGather, mpiAllGather, NCCL_RUN(ncAllGather)}},
+    {"reducescatter", SHAPE_SCATTER,  1,  0,   0,     0,      0,           0,
+     factorGather,    expReduceScatter, {gcReduceScatter, mpiReduceScatter,
+                                         NCCL_RUN(ncReduceScatter)}},
+    {"alltoall",      SHAPE_ALLTOALL, 0,  0,   0,     0,      1,           B(BACKEND_GCOMM),
+     factorGather,    expAllToAll,      {gcAllToAll, mpiAllToAll, NCCL_RUN(ncAllToAll)}},
+    {"gather",        SHAPE_GATHER,   0,  1,   0,     1,      0,           0,
+     factorGather,    expAllGather,     {gcGather, mpiGather, NCCL_RUN(ncGather)}},
+    {"scatter",       SHAPE_SCATTER,  0,  1,   1,     0,      0,           0,
+     factorGather,    expScatter,       {gcScatter, mpiScatter, NCCL_RUN(ncScatter)}},
+    {"sendrecv",      SHAPE_SAME,     0,  0,   0,     0,      1,           0,
+     factorOne,       expSendRecv,      {gcSendRecv, mpiSendRecv, NCCL_RUN(ncSendRecv)}},
+};
+/* clang-format on */
+#define NUM_COLLS ((int)(sizeof(collectives) / sizeof(collectives[0])))
+
+/* ======================================================================================== */
+/* The harness                                                                              */
+/* ======================================================================================== */
+
+/* Host scratch, maxBytes each: the contents to upload, then the result read back; what the
+ * receive region held before the call; the expected result. */
+static unsigned char *stage, *before, *want;
+
+/* Counts and offsets for a size in bytes, as nccl-tests' GetCollByteCount. */
+static void sizeTest(Test* t, size_t bytes) {
+  size_t ts = (size_t)types[t->type].size, n = (size_t)world.nranks, r = (size_t)world.rank;
+  size_t count = bytes / ts, base = (count / n) & ~(16 / ts - 1);
+  t->sendOffset = t->recvOffset = 0;
+  switch (t->coll->shape) {
+    case SHAPE_SAME:
+      t->count = t->sendCount = t->recvCount = count;
+      break;
+    case SHAPE_GATHER:
+      t->count = t->sendCount = base, t->recvCount = n * base, t->sendOffset = r * base;
+      break;
+    case SHAPE_SCATTER:
+      t->count = t->recvCount = base, t->sendCount = n * base, t->recvOffset = r * base;
+      break;
+    case SHAPE_ALLTOALL:
+      t->count = base, t->sendCount = t->recvCount = n * base;
+      break;
+  }
+}
+
+static size_t largestBytes(const Test* t) {
+  size_t c = t->sendCount > t->recvCount ? t->sendCount : t->recvCount;
+  return c * (size_t)types[t->type].size;
+}
+
+/* The pointers of iteration iter. Like nccl-tests, each iteration moves to the next slice of the
+ * maxBytes buffers, so that small sizes do not always run from cache. */
+static void testPointers(const Test* t, int iter, void** send, void** recv) {
+  size_t ts = (size_t)types[t->type].size, total = largestBytes(t);
+  size_t steps = total ? opt.maxBytes / total : 1;
+  size_t shift = total * ((size_t)iter % (steps ? steps : 1));
+  char* r = (char*)t->recvBuf + shift;
+  *send = t->inPlace ? r + t->sendOffset * ts : (char*)t->sendBuf + shift;
+  *recv = r + t->recvOffset * ts;
+}
+
+static void launch(const Test* t, int iter) {
+  void *send, *recv;
+  testPointers(t, iter, &send, &recv);
+  t->coll->run[t->be->id](t, send, recv);
+}
+
+/* Uploads this rank's input and poisons what the call writes; keeps in `before` what the
+ * receive region holds before the call. Ranks that give no input send poison too. */
+static void fillBuffers(Test* t, unsigned seed) {
+  size_t ts = (size_t)types[t->type].size, inputAt = t->inPlace ? t->sendOffset : 0;
+  size_t extent = t->recvOffset + t->recvCount; /* elements of the receive buffer in use */
+  int dev = t->be->onDevice(), hasInput = !t->coll->rootInputOnly || world.rank == t->root;
+  t->seed = seed;
+  if (t->inPlace && t->sendOffset + t->sendCount > extent) extent = t->sendOffset + t->sendCount;
+  memset(stage, 0xa5, extent * ts);
+  if (!t->inPlace) {
+    bufUpload(dev, t->recvBuf, stage, extent * ts);
+    memset(stage, 0xa5, t->sendCount * ts);
+  }
+  for (size_t i = 0; hasInput && i < t->sendCount; i++)
+    storeValue(t->type, stage + inputAt * ts, i, inputValue(t, world.rank, i));
+  if (t->inPlace) {
+    bufUpload(dev, t->recvBuf, stage, extent * ts);
+    memcpy(before, stage + t->recvOffset * ts, t->recvCount * ts);
+  } else {
+    bufUpload(dev, t->sendBuf, stage, t->sendCount * ts);
+    memset(before, 0xa5, t->recvCount * ts);
+  }
+}
+
+/* This rank's expected result, computed once for every backend and both modes. */
+static const unsigned char* expectedResult(const Test* t) {
+  static Test last;
+  if (last.coll != t->coll || last.type != t->type || last.op != t->op || last.root != t->root ||
+      last.count != t->count || last.seed != t->seed) {
+    for (size_t i = 0; i < t->recvCount; i++) storeValue(t->type, want, i, t->coll->expect(t, i));
+    last = *t;
+  }
+  return want;
+}
+
+/* Wrong elements of this rank's receive region: the result, or where the call gives this rank
+ * none, what the region held before. Avg in floating point may round either way (gcomm divides
+ * in float, we in double), so it gets a tolerance; everything else is exact. */
+static long long countWrong(const Test* t) {
+  size_t ts = (size_t)types[t->type].size, wrong = 0;
+  int tolerant = reduces(t) && t->op == gcommAvg && types[t->type].isFloat;
+  int none = t->coll->rootResultOnly && world.rank != t->root;
+  const unsigned char* expected = none ? before : expectedResult(t);
+  double tol = 8 * 3 * types[t->type].eps;
+  void *send, *recv;
+  testPointers(t, 0, &send, &recv);
+  bufDownload(t->be->onDevice(), stage, t->be->result(t, send, recv), t->recvCount * ts);
+  if (memcmp(stage, expected, t->recvCount * ts) == 0) return 0;
+  for (size_t i = 0; i < t->recvCount; i++) {
+    if (memcmp(stage + i * ts, expected + i * ts, ts) == 0) continue;
+    if (tolerant && fabs(loadValue(t->type, stage, i) - loadValue(t->type, expected, i)) <= tol)
+      continue;
+    wrong++;
+  }
+  return (long long)wrong;
+}
+
+/* Seconds per iteration on this rank: warm-ups, a barrier, then the timed iterations. */
+static double timeIterations(const Test* t) {
+  Timer tm;
+  for (int i = 0; i < opt.warmup; i++) launch(t, i), t->be->afterEach();
+  t->be->afterAll();
+  MPI_Barrier(MPI_COMM_WORLD);
+  timerStart(&tm, t->be->onDevice());
+  for (int i = 0; i < opt.iters; i++) launch(t, i), t->be->afterEach();
+  timerMark(&tm);
+  t->be->afterAll();
+  return timerSeconds(&tm) / opt.iters;
+}
+
+/* Across ranks, as nccl-tests' -a: 0 rank 0's, 1 the mean, 2 the min, 3 the max. */
+static double aggregateTime(double sec) {
+  static const MPI_Op ops[4] = {MPI_SUM, MPI_SUM, MPI_MIN, MPI_MAX};
+  if (opt.average == 0) {
+    MPI_Bcast(&sec, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    return sec;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &sec, 1, MPI_DOUBLE, ops[opt.average], MPI_COMM_WORLD);
+  return opt.average == 1 ? sec / world.nranks : sec;
+}
+
+/* Totals of one table. */
+typedef struct {
+  double bwSum;
+  int bwCount, errors;
+} Table;
+
+/* nccl-tests' number format: the most decimals (2, 1, 0) that fit the width, else exponent. */
+static void formatNumber(char* out, int width, double v) {
+  if (snprintf(out, (size_t)width + 1, "%*.2f", width, v) <= width) return;
+  if (snprintf(out, (size_t)width + 1, "%*.1f", width, v) <= width) return;
+  if (snprintf(out, (size_t)width + 1, "%*.0f", width, v) <= width) return;
+  snprintf(out, (size_t)width + 1, width >= 7 ? "%*.1e" : "%*.0e", width, v);
+}
+
+/* Times, checks and prints one half of a row (out of place or in place). */
+static void measure(Test* t, Table* table) {
+  char timeStr[16], algStr[16], busStr[16];
+  long long wrong = 0;
+  int checked = opt.check > 0 && !(t->inPlace && t->coll->inPlaceUndefined);
+  double sec, algBw, busBw;
+  if (t->inPlace && ((t->coll->noInPlace & B(t->be->id)) || t->be->inPlaceBroken(t))) {
+    PRINT("  %7s  %6s  %6s    N/A", "N/A", "N/A", "N/A");
+    return;
+  }
+  sec = aggregateTime(timeIterations(t));
+  algBw = (double)largestBytes(t) / 1.0e9 / sec;
+  busBw = algBw * t->coll->busFactor(world.nranks);
+  for (int c = 0; checked && c < opt.check && wrong == 0; c++) {
+    long long mine;
+    fillBuffers(t, (unsigned)c + 1);
+    launch(t, 0), t->be->afterEach(), t->be->afterAll();
+    mine = countWrong(t);
+    table->errors += mine != 0;
+    MPI_Allreduce(&mine, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  }
+  formatNumber(timeStr, 7, sec * 1e6);
+  formatNumber(algStr, 6, algBw);
+  formatNumber(busStr, 6, busBw);
+  if (checked) {
+    PRINT("  %7s  %6s  %6s  %6g", timeStr, algStr, busStr, (double)wrong);
+  } else {
+    PRINT("  %7s  %6s  %6s    N/A", timeStr, algStr, busStr);
+  }
+  table->bwSum += busBw;
+  table->bwCount++;
+}
+
+static size_t nextSize(size_t size) {
+  if (opt.stepFactor > 1) return size ? size * opt.stepFactor : 1;
+  return size + opt.stepBytes;
+}
+
+/* Every size for one type, op and root: one row each. */
+static void sweep(Test* t, Table* table) {
+  char root[16];
+  snprintf(root, sizeof(root), "%6i", t->coll->rooted ? t->root : -1);
+  for (size_t size = opt.minBytes; size <= opt.maxBytes; size = nextSize(size)) {
+    sizeTest(t, size);
+    PRINT("%12zu  %12zu  %8s  %6s  %6s", largestBytes(t), t->count, types[t->type].name,
+          reduces(t) ? opNames[t->op] : "none", root);
+    t->inPlace = 0;
+    measure(t, table);
+    t->inPlace = 1;
+    measure(t, table);
+    PRINT("\n");
+  }
+}
+
+static void printTableHeader(const Coll* coll, const Backend* be) {
+  char description[512];
+  be->describe(description, sizeof(description));
+  PRINT("#\n# Collective: %s\n# Backend: %s (%s)\n", coll->name, be->name, description);
+  PRINT("#\n");
+  PRINT(
+      "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place"
+      "          \n",
+      "", "", "", "", "");
+  PRINT("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n", "size",
+        "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+        "busbw", "#wrong", 0, "");
+  PRINT("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n", "(B)",
+        "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", 0,
+        "");
+}
+
+/* One table: a collective on a backend, over every selected type, op, root and size.
+ * Returns the number of (rank, measurement) pairs with wrong values, summed over ranks. */
+static int runTable(const Coll* coll, const Backend* be) {
+  Table table = {0, 0, 0};
+  Test t = {.coll = coll, .be = be};
+  int typeLo = opt.type == ALL ? 0 : opt.type,
+      typeHi = opt.type == ALL ? gcommNumTypes : typeLo + 1;
+  int opLo = opt.op == ALL || !coll->reduces ? 0 : opt.op;
+  int opHi = !coll->reduces ? 1 : opt.op == ALL ? gcommNumOps : opLo + 1;
+  int rootLo = opt.root == ALL || !coll->rooted ? 0 : opt.root;
+  int rootHi = !coll->rooted ? 1 : opt.root == ALL ? world.nranks : rootLo + 1;
+  be->open();
+  printTableHeader(coll, be);
+  t.sendBuf = bufAlloc(be->onDevice(), opt.maxBytes);
+  t.recvBuf = bufAlloc(be->onDevice(), opt.maxBytes);
+  for (t.type = typeLo; t.type < typeHi; t.type++)
+    for (t.op = opLo; t.op < opHi; t.op++)
+      for (t.root = rootLo; t.root < rootHi; t.root++) sweep(&t, &table);
+  bufFree(be->onDevice(), t.sendBuf);
+  bufFree(be->onDevice(), t.recvBuf);
+  be->close();
+  MPI_Allreduce(MPI_IN_PLACE, &table.errors, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  PRINT("# %-20s : %d %s\n", "Out of bounds values", table.errors, table.errors ? "FAILED" : "OK");
+  PRINT("# %-20s : %g %s\n", "Avg bus bandwidth", table.bwCount ? table.bwSum / table.bwCount : 0.0,
+        "");
+  PRINT("#\n");
+  return table.errors;
+}
+
+/* ======================================================================================== */
+/* Setup and main                                                                           */
+/* ======================================================================================== */
+
+/* Rank within the node, and the device it uses: local rank modulo the devices present. */
+static void chooseDevice(void) {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &world.localRank);
+  MPI_Comm_free(&node);
+  world.device = -1;
+#ifdef GCOMM_CUDA
+  int ndev = 0;
+  if (opt.gpu != 0 && cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
+  if (opt.gpu == 1 && ndev == 0) die("-g 1: no CUDA device");
+  if (ndev > 0) {
+    world.device = world.localRank % ndev;
+    CU(cudaSetDevice(world.device));
+    CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CU(cudaEventCreate(&events[0]));
+    CU(cudaEventCreate(&events[1]));
+  }
+#else
+  if (opt.gpu == 1) die("-g 1: built without CUDA (make CUDA=1)");
+#endif
+}
+
+static void printDevices(const char* prog) {
+  char line[256], *lines = world.rank == 0 ? malloc(sizeof(line) * (size_t)world.nranks) : NULL;
+  int v = 0;
+  GC(gcommGetVersion(&v));
+  PRINT("# gcomm_perf version %d.%d.%d gcomm-headers=%d gcomm-library=%d\n", GCOMM_MAJOR,
+        GCOMM_MINOR, GCOMM_PATCH, GCOMM_VERSION_CODE, v);
+  PRINT("# Collective test starting: %s\n", prog);
+  PRINT(
+      "# nThread 1 nGpus %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d "
+      "agg iters: 1 validation: %d graph: 0 unalign: 0\n",
+      world.device >= 0, opt.minBytes, opt.maxBytes,
+      opt.stepFactor > 1 ? opt.stepFactor : opt.stepBytes, opt.stepFactor > 1 ? "factor" : "bytes",
+      opt.warmup, opt.iters, opt.check);
+  PRINT("#\n# Using devices\n");
+  snprintf(line, sizeof(line), "#  Rank %2d Group %2d Pid %6d on %10s device host\n", world.rank, 0,
+           (int)getpid(), world.host);
+#ifdef GCOMM_CUDA
+  if (world.device >= 0) {
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, world.device));
+    snprintf(line, sizeof(line),
+             "#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %.80s\n",
+             world.rank, 0, (int)getpid(), world.host, world.device, prop.pciDomainID,
+             prop.pciBusID, prop.pciDeviceID, prop.name);
+  }
+#endif
+  MPI_Gather(line, sizeof(line), MPI_CHAR, lines, sizeof(line), MPI_CHAR, 0, MPI_COMM_WORLD);
+  for (int r = 0; lines && r < world.nranks; r++) PRINT("%s", lines + r * sizeof(line));
+  free(lines);
+}
+
+static int parseArgs(int argc, char** argv) {
+  static const struct option longopts[] = {{"minbytes", required_argument, 0, 'b'},
+                                           {"maxbytes", required_argument, 0, 'e'},
+                                           {"stepbytes", required_argument, 0, 'i'},
+                                           {"stepfactor", required_argument, 0, 'f'},
+                                           {"iters", required_argument, 0, 'n'},
+                                           {"warmup_iters", required_argument, 0, 'w'},
+                                           {"check", required_argument, 0, 'c'},
+                                           {"datatype", required_argument, 0, 'd'},
+                                           {"op", required_argument, 0, 'o'},
+                                           {"root", required_argument, 0, 'r'},
+                                           {"average", required_argument, 0, 'a'},
+                                           {"gpu", optional_argument, 0, 'G'},
+                                           {"ngpus", required_argument, 0, 'g'},
+                                           {"coll", required_argument, 0, 'C'},
+                                           {"backend", required_argument, 0, 'B'},
+                                           {"proxy", required_argument, 0, 'P'},
+                                           {"help", no_argument, 0, 'h'},
+                                           {0, 0, 0, 0}};
+  const char* collNames[NUM_COLLS];
+  int c;
+  for (int i = 0; i < NUM_COLLS; i++) collNames[i] = collectives[i].name;
+  opt.colls = 1; /* allreduce */
+  opt.backends = B(BACKEND_GCOMM);
+  opterr = world.rank == 0;
+  while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:d:o:r:a:g:h", longopts, NULL)) != -1) {
+    const char* bad = NULL;
+    switch (c) {
+      case 'b':
+        bad = parseSize(optarg, &opt.minBytes) ? "minbytes" : NULL;
+        break;
+      case 'e':
+        bad = parseSize(optarg, &opt.maxBytes) ? "maxbytes" : NULL;
+        break;
+      case 'i':
+        bad = parseSize(optarg, &opt.stepBytes) ? "stepbytes" : NULL;
+        break;
+      case 'f':
+        opt.stepFactor = strtoul(optarg, NULL, 0);
+        break;
+      case 'n':
+        opt.iters = atoi(optarg), bad = opt.iters < 1 ? "iters" : NULL;
+        break;
+      case 'w':
+        opt.warmup = atoi(optarg), bad = opt.warmup < 0 ? "warmup_iters" : NULL;
+        break;
+      case 'c':
+        opt.check = atoi(optarg);
+        break;
+      case 'd':
+        opt.type = parseType(optarg), bad = opt.type == -2 ? "datatype" : NULL;
+        break;
+      case 'o':
+        opt.op = lookup(optarg, strlen(optarg), opNames, gcommNumOps);
+        bad = opt.op == -2 ? "op" : NULL;
+        break;
+      case 'r':
+        opt.root = strcmp(optarg, "all") == 0 ? ALL : atoi(optarg);
+        bad = opt.root < ALL || opt.root >= world.nranks ? "root" : NULL;
+        break;
+      case 'a':
+        opt.average = atoi(optarg), bad = opt.average < 0 || opt.average > 3 ? "average" : NULL;
+        break;
+      case 'g':
+        opt.gpu = atoi(optarg) != 0;
+        break;
+      case 'G':
+        opt.gpu = optarg ? atoi(optarg) != 0 : 1;
+        break;
+      case 'C':
+        bad = (opt.colls = parseList(optarg, collNames, NUM_COLLS)) ? NULL : "coll";
+        break;
+      case 'B':
+        opt.backends = parseList(optarg, backendNames, NUM_BACKENDS);
+        bad = opt.backends == 0 ? "backend" : NULL;
+        break;
+      case 'P':
+        opt.proxyMode = strcmp(optarg, "poll") == 0     ? GCOMM_PROXY_POLL
+                        : strcmp(optarg, "thread") == 0 ? GCOMM_PROXY_THREAD
+                                                        : -2;
+        bad = opt.proxyMode == -2 ? "proxy" : NULL;
+        break;
+      case 'h':
+        usage(argv[0]);
+        return 0;
+      default:
+        usage(argv[0]);
+        return 2;
+    }
+    if (bad) {
+      if (world.rank == 0) fprintf(stderr, "gcomm_perf: invalid %s '%s'\n", bad, optarg);
+      return 2;
+    }
+  }
+  for (int b = 0; b < NUM_BACKENDS; b++) {
+    if ((opt.backends & B(b)) && backendOf(b) == NULL) {
+      if (world.rank == 0)
+        fprintf(stderr, "gcomm_perf: the %s backend is not built in (make CUDA=1 NCCL=1)\n",
+                backendNames[b]);
+      return 2;
+    }
+  }
+  if (opt.minBytes > opt.maxBytes || (opt.stepFactor <= 1 && opt.stepBytes == 0)) {
+    if (world.rank == 0) fprintf(stderr, "gcomm_perf: invalid sizes or step\n");
+    return 2;
+  }
+  return -1;
+}
+
+int main(int argc, char** argv) {
+  const char* prog = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
+  int rc, errors = 0;
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world.nranks);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  rc = parseArgs(argc, argv);
+  if (rc >= 0) {
+    MPI_Finalize();
+    return rc;
+  }
+  gethostname(world.host, sizeof(world.host) - 1);
+  chooseDevice();
+  printDevices(prog);
+  stage = bufAlloc(0, opt.maxBytes);
+  before = bufAlloc(0, opt.maxBytes);
+  want = bufAlloc(0, opt.maxBytes);
+  for (int c = 0; c < NUM_COLLS; c++)
+    for (int b = 0; b < NUM_BACKENDS; b++)
+      if ((opt.colls & B(c)) && (opt.backends & B(b)))
+        errors += runTable(&collectives[c], backendOf(b));
+  PRINT("# Collective test concluded: %s\n\n#\n", prog);
+  bufFree(0, stage);
+  bufFree(0, before);
+  bufFree(0, want);
+#ifdef GCOMM_CUDA
+  if (world.device >= 0) {
+    CU(cudaEventDestroy(events[0]));
+    CU(cudaEventDestroy(events[1]));
+    CU(cudaStreamDestroy(stream));
+  }
+#endif
+  MPI_Finalize();
+  return errors ? 1 : 0;
+}
