@@ -17,7 +17,7 @@ LDFLAGS += -fsanitize=address,undefined
 endif
 
 LIB_SRC  = gcomm.c transports/shm.c
-LIB_HDR  = gcomm.h gcomm_internal.h gcomm_sched.h gcomm_reduce.h
+LIB_HDR  = gcomm.h gcomm_internal.h gcomm_sched.h gcomm_reduce.h gcomm_device.h
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 
 ifeq ($(CUDA),1)
