@@ -814,10 +814,11 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
              __atomic_fetch_add(&commCounter, 1, __ATOMIC_RELAXED));
 #ifdef GCOMM_CUDA
   GCOMM_CHECK(agree(comm, gcommDeviceSelect(comm, config), "GPU selection"));
-  /* a GPU communicator wants more channels (blocks) than the host executor's threads */
+  /* a GPU communicator wants more channels (blocks) and bigger slots than the host executor */
   if (comm->device >= 0 && getenv("GCOMM_NCHANNELS") == NULL &&
       (config == NULL || config->nChannels == GCOMM_CONFIG_UNDEF_INT))
-    comm->params.nChannels = 16;
+    comm->params.nChannels = 32;
+  if (comm->device >= 0 && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
 #endif
   comm->nChannels = comm->params.nChannels;
   comm->nLanes = comm->nChannels + 1;

@@ -17,9 +17,9 @@ NCCLARG=""; [ -n "$NCCL_HOME" ] && [ -f "$NCCL_HOME/include/nccl.h" ] && NCCLARG
 step() { # name timeout command...
   local name=$1 t=$2; shift 2
   echo "=== $name: $*" | tee -a "$OUT/summary.log"
-  local s=$(date +%s.%N)
+  local s=$SECONDS
   timeout -k 5 "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  echo "=== $name rc=$rc ($(echo "$(date +%s.%N) - $s" | bc) s)" | tee -a "$OUT/summary.log"
+  echo "=== $name rc=$rc ($((SECONDS - s)) s)" | tee -a "$OUT/summary.log"
   tail -n 6 "$OUT/$name.log" | tee -a "$OUT/summary.log"
   return $rc
 }

@@ -142,6 +142,9 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
   } else {
     CU(cudaMemcpy(dIn, hIn, inCount * esz, cudaMemcpyHostToDevice));
   }
+  /* cudaMemcpy from pageable memory may return before its DMA lands, and s does not wait for
+   * the legacy stream: finish the copies first */
+  CU(cudaDeviceSynchronize());
   switch (f) {
     case 0: CK(gcommAllReduce(sendbuf, recvbuf, count, dt, op, comm, s)); break;
     case 1: CK(gcommBroadcast(sendbuf, recvbuf, count, dt, root, comm, s)); break;
