@@ -17,7 +17,7 @@ LDFLAGS += -fsanitize=address,undefined
 endif
 
 LIB_SRC  = gcomm.c transports/shm.c
-LIB_HDR  = gcomm.h gcomm_internal.h gcomm_sched.h gcomm_reduce.h
+LIB_HDR  = gcomm.h gcomm_internal.h gcomm_sched.h gcomm_reduce.h gcomm_device.h
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 
 ifeq ($(CUDA),1)
@@ -27,7 +27,7 @@ CUDA_ARCH ?= 90
 NVCCFLAGS += -O3 -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Werror all-warnings \
              $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -I.
 CFLAGS    += -DGCOMM_CUDA -I$(CUDA_HOME)/include
-LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart
+LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
 LIB_SRC   += transports/p2p.c
 LIB_OBJ   += $(BUILD)/obj/gcomm_kernels.o
 endif
@@ -92,3 +92,12 @@ clean:
 
 .PHONY: all test run format clean
 .PRECIOUS: $(BUILD)/obj/%.o
+
+# GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1]
+ifeq ($(CUDA),1)
+$(BUILD)/test/gpu/%: test/gpu/%.c $(BUILD)/libgcomm.a gcomm.h
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
+gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/bench_gpu
+.PHONY: gpu-test
+endif

@@ -23,6 +23,9 @@
 #include <unistd.h>
 
 #include "gcomm_internal.h"
+#ifdef GCOMM_CUDA
+#include "gcomm_device.h"
+#endif
 
 /* ======================================================================================== */
 /* Parameters: every GCOMM_* variable, in one table.                                        */
@@ -818,11 +821,18 @@ static gcommResult_t checkConfig(const gcommConfig_t* config) {
       (config->nChannels < 1 || config->nChannels > 32))
     return GCOMM_ERROR(NULL, gcommInvalidArgument, -1, "config->nChannels %d is not in 1..32",
                        config->nChannels);
+#ifdef GCOMM_CUDA
+  if (config->device != GCOMM_CONFIG_UNDEF_INT && config->device < GCOMM_DEVICE_HOST)
+    return GCOMM_ERROR(NULL, gcommInvalidArgument, -1,
+                       "config->device %d is neither a CUDA device nor GCOMM_DEVICE_HOST",
+                       config->device);
+#else
   if (config->device != GCOMM_CONFIG_UNDEF_INT && config->device != GCOMM_DEVICE_HOST)
     return GCOMM_ERROR(NULL, gcommInvalidArgument, -1,
                        "config->device %d: this build has no GPU support (build with CUDA=1 or "
                        "HIP=1), use GCOMM_DEVICE_HOST",
                        config->device);
+#endif
   return gcommSuccess;
 }
 
@@ -843,6 +853,14 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   if (comm->name[0] == 0)
     snprintf(comm->name, sizeof(comm->name), "comm%d",
              __atomic_fetch_add(&commCounter, 1, __ATOMIC_RELAXED));
+#ifdef GCOMM_CUDA
+  GCOMM_CHECK(agree(comm, gcommDeviceSelect(comm, config), "GPU selection"));
+  /* a GPU communicator wants more channels (blocks) and bigger slots than the host executor */
+  if (comm->device >= 0 && getenv("GCOMM_NCHANNELS") == NULL &&
+      (config == NULL || config->nChannels == GCOMM_CONFIG_UNDEF_INT))
+    comm->params.nChannels = 32;
+  if (comm->device >= 0 && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
+#endif
   comm->nChannels = comm->params.nChannels;
   comm->nLanes = comm->nChannels + 1;
   comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
@@ -854,6 +872,9 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   card.device = comm->device;
   gethostname(card.host, sizeof(card.host) - 1);
   gcommResult_t res = gcommShmCreate(comm, &card);
+#ifdef GCOMM_CUDA
+  if (res == gcommSuccess && comm->device >= 0) res = gcommDeviceSetup(comm, &card);
+#endif
   GCOMM_CHECK(agree(comm, res, "shared-memory setup"));
   comm->cards = calloc(comm->nranks, sizeof(gcommCard_t));
   if (comm->cards == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
@@ -895,6 +916,10 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
 #ifdef GCOMM_OFI
   GCOMM_CHECK(agree(comm, gcommNetSetup(comm), "network setup"));
 #endif
+#ifdef GCOMM_CUDA
+  res = comm->device >= 0 ? gcommDeviceConnect(comm) : gcommSuccess;
+  GCOMM_CHECK(agree(comm, res, "GPU IPC connection"));
+#endif
 
   if (comm->params.dumpSignal > 0) {
     struct sigaction sa;
@@ -922,6 +947,9 @@ static void commFree(gcommComm_t comm) {
     pthread_join(comm->thread, NULL);
   }
   if (comm->queues) drainAll(comm); /* frees whatever never ran */
+#ifdef GCOMM_CUDA
+  gcommDeviceFree(comm);
+#endif
   gcommShmFree(comm);
 #ifdef GCOMM_OFI
   gcommNetFree(comm);
@@ -1008,6 +1036,9 @@ gcommResult_t gcommCommSplit(gcommComm_t comm, int color, int key, gcommComm_t* 
   if (config == NULL) {
     inherited.proxyMode = comm->params.proxyMode;
     inherited.nChannels = comm->nChannels;
+#ifdef GCOMM_CUDA
+    inherited.device = comm->device;
+#endif
     config = &inherited;
   }
   MPI_CHECK(comm, MPI_Comm_split(comm->mpiComm, color == GCOMM_SPLIT_NOCOLOR ? MPI_UNDEFINED : color,
@@ -1019,6 +1050,9 @@ gcommResult_t gcommCommSplit(gcommComm_t comm, int color, int key, gcommComm_t* 
 gcommResult_t gcommCommAbort(gcommComm_t comm) {
   GCOMM_CHECK(checkComm(comm, __func__));
   __atomic_store_n(&comm->abortFlag, 1, __ATOMIC_RELEASE);
+#ifdef GCOMM_CUDA
+  gcommDeviceAbort(comm); /* kernels poll it */
+#endif
   setAsyncError(comm, gcommAborted);
   pthread_mutex_lock(&comm->postLock);
   pthread_cond_signal(&comm->postCond);
@@ -1032,6 +1066,10 @@ gcommResult_t gcommCommAbort(gcommComm_t comm) {
 gcommResult_t gcommCommDestroy(gcommComm_t comm) {
   GCOMM_CHECK(checkComm(comm, __func__));
   gcommResult_t res = gcommSuccess;
+#ifdef GCOMM_CUDA
+  if (comm->device >= 0) gcommDeviceQuiesce(comm); /* the GPU's work, then every rank's */
+  else
+#endif
   if (__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
     res = gcommWait(comm, NULL); /* outstanding work finishes first */
   commFree(comm);
@@ -1112,6 +1150,9 @@ static int chooseAlgo(gcommComm_t comm, int func, size_t bytes) {
 static int chooseChannels(gcommComm_t comm, int func, size_t bytes) {
   if (func == gcommFuncSend || func == gcommFuncRecv) return 1;
   size_t perChannel = 4 * comm->slotBytes;
+#ifdef GCOMM_CUDA
+  if (comm->device >= 0) perChannel = 32 * 1024; /* a block per channel: cheap to add */
+#endif
   size_t nc = bytes / perChannel;
   return nc < 1 ? 1 : nc > (size_t)comm->nChannels ? comm->nChannels : (int)nc;
 }
@@ -1217,10 +1258,20 @@ static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* wher
   if (outCount > 0 && op->recvbuff == NULL)
     return BAD("recvbuff is NULL but %s receives %zu elements into it on rank %d",
                funcNames[op->func], outCount, comm->rank);
-  if (inCount > 0 && isDevicePointer(op->sendbuff))
-    return BAD("sendbuff %p is GPU memory but this is a host communicator", op->sendbuff);
-  if (outCount > 0 && isDevicePointer(op->recvbuff))
-    return BAD("recvbuff %p is GPU memory but this is a host communicator", op->recvbuff);
+#ifdef GCOMM_CUDA
+  if (comm->device >= 0) {
+    if (inCount > 0 && gcommDeviceBadPointer(op->sendbuff))
+      return BAD("sendbuff %p is host memory the GPU cannot use (a GPU communicator)", op->sendbuff);
+    if (outCount > 0 && gcommDeviceBadPointer(op->recvbuff))
+      return BAD("recvbuff %p is host memory the GPU cannot use (a GPU communicator)", op->recvbuff);
+  } else
+#endif
+  {
+    if (inCount > 0 && isDevicePointer(op->sendbuff))
+      return BAD("sendbuff %p is GPU memory but this is a host communicator", op->sendbuff);
+    if (outCount > 0 && isDevicePointer(op->recvbuff))
+      return BAD("recvbuff %p is GPU memory but this is a host communicator", op->recvbuff);
+  }
   if (inCount > 0 && outCount > 0 && !isInPlace(op, comm->rank, esz)) {
     const char *in = op->sendbuff, *out = op->recvbuff;
     if (in < out + outCount * esz && out < in + inCount * esz)
@@ -1289,7 +1340,7 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
 static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                              const char* where) {
   GCOMM_CHECK(checkComm(comm, where));
-  if (stream != NULL)
+  if (stream != NULL && comm->device < 0)
     return gcommSetError(comm, gcommInvalidArgument, -1, where,
                          "stream must be NULL on a host communicator");
   gcommResult_t async = (gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE);
@@ -1305,6 +1356,26 @@ static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
               typeNames[op->datatype], opNames[op->redop],
               op->func >= gcommFuncSend ? op->peer : op->root, algoNames[op->algo],
               op->nChannels, op->nWorks);
+#ifdef GCOMM_CUDA
+  if (comm->device >= 0) { /* a GPU communicator launches (now, or at the group's end) */
+    if (op->nWorks == 0) {
+      free(op);
+      return gcommSuccess;
+    }
+    if (groupDepth == 0) {
+      gcommResult_t r = gcommDeviceLaunch(comm, op, 1, stream);
+      free(op);
+      return r;
+    }
+    if (comm->groupHead != NULL && stream != comm->groupStream) {
+      free(op);
+      return gcommSetError(comm, gcommInvalidUsage, -1, where,
+                           "every operation of a group on one GPU communicator must use the "
+                           "same stream");
+    }
+    comm->groupStream = stream;
+  } else
+#endif
   if (op->nWorks == 0) { /* nothing to move (count 0): complete at once */
     __atomic_add_fetch(&comm->opsPosted, 1, __ATOMIC_ACQ_REL);
     __atomic_add_fetch(&comm->opsDone, 1, __ATOMIC_ACQ_REL);
@@ -1339,7 +1410,14 @@ gcommResult_t gcommGroupEnd(void) {
     int count = 0;
     gcommOp_t* tail = NULL;
     for (gcommOp_t* op = comm->groupHead; op; op = op->next) count++, tail = op;
-    gcommResult_t r = postOps(comm, comm->groupHead, tail, count);
+    gcommResult_t r;
+#ifdef GCOMM_CUDA
+    if (comm->device >= 0) {
+      r = gcommDeviceLaunch(comm, comm->groupHead, count, comm->groupStream);
+      for (gcommOp_t *op = comm->groupHead, *next; op; op = next) next = op->next, free(op);
+    } else
+#endif
+    r = postOps(comm, comm->groupHead, tail, count);
     if (r != gcommSuccess && res == gcommSuccess) res = r;
     comm->groupHead = comm->groupTail = NULL;
     comm->groupNext = NULL;
@@ -1437,6 +1515,9 @@ static gcommResult_t finalResult(gcommComm_t comm, const char* where) {
 
 gcommResult_t gcommTest(gcommComm_t comm, gcommStream_t stream) {
   GCOMM_CHECK(checkComm(comm, __func__));
+#ifdef GCOMM_CUDA
+  if (comm->device >= 0) return gcommDeviceTest(comm, stream, __func__);
+#endif
   if (stream != NULL)
     return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "stream must be NULL on a host communicator");
   uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
@@ -1447,6 +1528,9 @@ gcommResult_t gcommTest(gcommComm_t comm, gcommStream_t stream) {
 
 gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
   GCOMM_CHECK(checkComm(comm, __func__));
+#ifdef GCOMM_CUDA
+  if (comm->device >= 0) return gcommDeviceWait(comm, stream, __func__);
+#endif
   if (stream != NULL)
     return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "stream must be NULL on a host communicator");
   uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);

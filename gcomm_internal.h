@@ -121,6 +121,7 @@ typedef struct {
   int device;
   char host[64];
   char shmName[64];
+  unsigned char devHandle[64]; /* GPU communicators: cudaIpcMemHandle_t of the FIFO region */
 } gcommCard_t;
 
 #define GCOMM_COMM_MAGIC 0x636f6d6du
@@ -141,6 +142,7 @@ struct gcommComm {
 #ifdef GCOMM_OFI
   struct gcommNet* net; /* transports/net_ofi.c; NULL when every rank is on one node */
 #endif
+  struct gcommDev* dev; /* GPU communicators: transports/p2p.c */
 
   /* progress engine */
   pthread_mutex_t postLock;
@@ -166,6 +168,7 @@ struct gcommComm {
   gcommOp_t *groupHead, *groupTail;
   struct gcommComm* groupNext;
   int inGroup;
+  void* groupStream; /* GPU communicators: the stream of the group's operations */
 
   pthread_mutex_t errorLock;
   char lastError[1024];

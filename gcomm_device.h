@@ -1,0 +1,107 @@
+/*
+ * gcomm_device.h - the GPU engine's internal interface (CUDA builds only: gcomm.c includes it
+ * under #ifdef GCOMM_CUDA). transports/p2p.c owns the connection FIFOs in GPU memory, shared with
+ * the other local ranks through CUDA IPC; gcomm_kernels.cu runs the schedules of gcomm_sched.h
+ * over them, one block per queue (a collective channel, or one direction to one peer).
+ *
+ * Layout of one rank's region (one cudaMalloc, exported with cudaIpcGetMemHandle):
+ *   recv FIFOs  [local sender][lane]: a 256-byte header (tail at 0, written by the sender;
+ *               bytes[GCOMM_STEPS] at 64) then GCOMM_STEPS slots of slotBytes
+ *   send heads  [local receiver][lane]: 128 bytes, head at 0, written by the receiver
+ *   steps       [2][lane * nranks + peer]: this rank's own step counters (send, then recv),
+ *               persistent across launches like gcommConn_t.step
+ * So each counter lives where its reader polls it: the receiver polls tail in its own memory,
+ * the sender polls head in its own memory, and the remote side only stores.
+ */
+#ifndef GCOMM_DEVICE_H
+#define GCOMM_DEVICE_H
+
+#include <stdint.h>
+
+#include "gcomm_sched.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GCOMM_DEV_FIFO_HDR 256
+#define GCOMM_DEV_HEAD_BYTES 128
+#define GCOMM_DEV_THREADS 512
+#define GCOMM_DEV_SMALL_WORKS 8  /* works a small launch carries in its parameters */
+#define GCOMM_DEV_MAX_WORKS 128  /* works one launch carries at most (a bigger group is split) */
+
+typedef struct {
+  volatile uint64_t* tail;  /* recv: in this rank's memory; send: in the receiver's */
+  volatile uint64_t* head;  /* recv: in the sender's memory; send: in this rank's */
+  volatile uint64_t* bytes; /* [GCOMM_STEPS], beside tail */
+  char* slots;              /* GCOMM_STEPS slots, in the receiver's memory */
+  uint64_t* step;           /* this side's counter, in this rank's memory */
+} gcommDevConn_t;
+
+/* The first failure a kernel saw, in mapped host memory: gcommWait reports it. */
+typedef struct {
+  volatile int code; /* 0, or a gcommResult_t */
+  int peer, lane, isRecv, func;
+  long step;
+  unsigned long long got, expected;
+} gcommDevError_t;
+
+typedef struct {
+  int rank, nranks, nLanes;
+  size_t slotBytes;
+  gcommDevConn_t* send; /* device array [lane * nranks + peer] */
+  gcommDevConn_t* recv;
+  volatile int* abortFlag;  /* mapped host memory */
+  gcommDevError_t* error;   /* mapped host memory */
+  unsigned long long timeoutNs;
+  int claim; /* device memory: the first failing block claims the error record */
+} gcommDevComm_t;
+
+typedef struct {
+  gcommSched_t sched;
+  const void* sendbuff;
+  void* recvbuff;
+  long nSteps;
+  int datatype, redop, lane, pad;
+} gcommDevWork_t;
+
+/* One launch: block b runs works[first[b] .. first[b+1]) in order. */
+typedef struct {
+  gcommDevComm_t* comm; /* device copy */
+  int nBlocks, nWorks;
+  uint16_t first[GCOMM_DEV_MAX_WORKS + 1];
+  gcommDevWork_t works[GCOMM_DEV_MAX_WORKS];
+} gcommDevLaunch_t;
+
+/* gcomm_kernels.cu: one kernel launch on stream (a cudaStream_t). Returns a cudaError_t. */
+int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* transports/p2p.c (C only: it needs the communicator) */
+#ifndef __CUDACC__
+#include "gcomm_internal.h"
+/* Picks the device (config->device, or the current device when undefined and a GPU exists);
+ * sets comm->device, GCOMM_DEVICE_HOST for a host communicator. */
+gcommResult_t gcommDeviceSelect(gcommComm_t comm, const gcommConfig_t* config);
+/* Allocates this rank's region and exports it into card->devHandle. */
+gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card);
+/* Opens every local peer's region and builds the device connections (after the card exchange). */
+gcommResult_t gcommDeviceConnect(gcommComm_t comm);
+/* One launch for ops (a list linked by next, n of them); frees nothing. */
+gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* stream);
+/* gcommSuccess when stream is idle, gcommInProgress when not, or the kernels' error. */
+gcommResult_t gcommDeviceTest(gcommComm_t comm, void* stream, const char* where);
+gcommResult_t gcommDeviceWait(gcommComm_t comm, void* stream, const char* where);
+void gcommDeviceAbort(gcommComm_t comm);
+/* gcommCommDestroy: waits for the GPU (kernels end by themselves: deadline, abort), then, unless
+ * the communicator failed, for every rank, so that no peer still writes into a region freed. */
+void gcommDeviceQuiesce(gcommComm_t comm);
+void gcommDeviceFree(gcommComm_t comm);
+/* checkArgs: a pointer the GPU cannot use (plain pageable host memory). */
+int gcommDeviceBadPointer(const void* ptr);
+#endif
+
+#endif /* GCOMM_DEVICE_H */

@@ -1,0 +1,337 @@
+/*
+ * test/gpu/test_gpu.c - correctness of GPU communicators (built by test/gpu/run.sh, not by the
+ * default make). Every collective x datatype x op x algorithm on device buffers, odd counts,
+ * in-place and out-of-place, poisoned outputs, checked byte for byte against a host reference
+ * (the inputs are small integers, so every reduction order gives the exact same result); then
+ * send/recv, a fused group, and an all-reduce inside CUDA graph capture.
+ * Ranks pick GPU localRank % TEST_NGPUS (default: every visible GPU).
+ */
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gcomm.h"
+#include "gcomm_reduce.h"
+
+static int rank, nranks, failures, checks;
+
+#define CK(call)                                                                              \
+  do {                                                                                        \
+    gcommResult_t r_ = (call);                                                                \
+    if (r_ != gcommSuccess) {                                                                 \
+      fprintf(stderr, "rank %d: %s:%d %s -> %s: %s\n", rank, __FILE__, __LINE__, #call,       \
+              gcommGetErrorString(r_), gcommGetLastError(NULL));                              \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                           \
+    }                                                                                         \
+  } while (0)
+#define CU(call)                                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = (call);                                                                  \
+    if (e_ != cudaSuccess) {                                                                  \
+      fprintf(stderr, "rank %d: %s:%d %s -> %s\n", rank, __FILE__, __LINE__, #call,           \
+              cudaGetErrorString(e_));                                                        \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                           \
+    }                                                                                         \
+  } while (0)
+
+static const char* fnames[] = {"AllReduce", "Broadcast", "Reduce",  "AllGather",
+                               "ReduceScatter", "AllToAll", "Gather", "Scatter"};
+static const char* tnames[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half",
+                               "float", "double", "bf16"};
+
+/* input value of rank r at element i: a small integer */
+static int val(int r, size_t i, int op, int seed) {
+  unsigned h = (unsigned)(r * 7919 + i * 104729 + seed * 31337);
+  h ^= h >> 13;
+  h *= 0x5bd1e995u;
+  h ^= h >> 15;
+  if (op == gcommProd) return (int)(h % 3) - 1 == 0 ? 2 : (int)(h % 3) - 1; /* -1, 1, 2 */
+  return (int)(h % 7) - 3;
+}
+
+static void put(void* buf, int dt, size_t i, double v) {
+  switch (dt) {
+    case 0: ((int8_t*)buf)[i] = (int8_t)(int64_t)v; break;
+    case 1: ((uint8_t*)buf)[i] = (uint8_t)(int64_t)v; break;
+    case 2: ((int32_t*)buf)[i] = (int32_t)(int64_t)v; break;
+    case 3: ((uint32_t*)buf)[i] = (uint32_t)(int64_t)v; break;
+    case 4: ((int64_t*)buf)[i] = (int64_t)v; break;
+    case 5: ((uint64_t*)buf)[i] = (uint64_t)(int64_t)v; break;
+    case 6: ((uint16_t*)buf)[i] = gcommFloatToHalf((float)v); break;
+    case 7: ((float*)buf)[i] = (float)v; break;
+    case 8: ((double*)buf)[i] = v; break;
+    default: ((uint16_t*)buf)[i] = gcommFloatToBf16((float)v); break;
+  }
+}
+
+/* reference reduction of element i over all ranks, with the type's wrap-around and Avg */
+static void refReduce(void* out, size_t oi, int dt, int op, size_t i, int seed) {
+  if (dt == 6 || dt == 7 || dt == 8 || dt == 9) {
+    double acc = val(0, i, op, seed);
+    for (int r = 1; r < nranks; r++) {
+      double v = val(r, i, op, seed);
+      if (op == gcommSum || op == gcommAvg) acc += v;
+      else if (op == gcommProd) acc *= v;
+      else if (op == gcommMax) acc = v > acc ? v : acc;
+      else acc = v < acc ? v : acc;
+    }
+    if (op == gcommAvg) {
+      if (dt == 8) acc = acc / nranks;
+      else acc = (float)acc / (float)nranks; /* rounded by put */
+    }
+    put(out, dt, oi, acc);
+    return;
+  }
+#define INTREF(T, U)                                                                  \
+  {                                                                                   \
+    T acc = (T)val(0, i, op, seed);                                                   \
+    for (int r = 1; r < nranks; r++) {                                                \
+      T v = (T)val(r, i, op, seed);                                                   \
+      if (op == gcommSum || op == gcommAvg) acc = (T)((U)acc + (U)v);                 \
+      else if (op == gcommProd) acc = (T)((U)acc * (U)v);                             \
+      else if (op == gcommMax) acc = v > acc ? v : acc;                               \
+      else acc = v < acc ? v : acc;                                                   \
+    }                                                                                 \
+    if (op == gcommAvg) acc = (T)(acc / (T)nranks);                                   \
+    ((T*)out)[oi] = acc;                                                              \
+    return;                                                                           \
+  }
+  switch (dt) {
+    case 0: INTREF(int8_t, uint8_t)
+    case 1: INTREF(uint8_t, uint8_t)
+    case 2: INTREF(int32_t, uint32_t)
+    case 3: INTREF(uint32_t, uint32_t)
+    case 4: INTREF(int64_t, uint64_t)
+    default: INTREF(uint64_t, uint64_t)
+  }
+}
+
+static char *dIn, *dOut, *hIn, *hOut, *hRef;
+static size_t maxBytes;
+
+/* One case; returns 0 on success. */
+static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size_t count,
+                   int inPlace, int seed, const char* algo) {
+  int n = nranks, root = (seed % n);
+  size_t esz = gcommTypeSize(dt);
+  size_t inCount = count, outCount = count;
+  if (f == 3 || f == 6) outCount = count * n;            /* AllGather, Gather */
+  if (f == 4 || f == 7) inCount = count * n;             /* ReduceScatter, Scatter */
+  if (f == 5) inCount = outCount = count * n;            /* AllToAll */
+  if (f == 5 && inPlace) return 0;                       /* no in-place AllToAll */
+  int isRed = f == 0 || f == 2 || f == 4;
+  /* inputs: element j of the whole input of rank r */
+  for (size_t j = 0; j < inCount; j++) put(hIn, dt, j, val(rank, j, op, seed));
+  memset(hOut, 0xAB, outCount * esz);
+  CU(cudaMemcpy(dOut, hOut, outCount * esz, cudaMemcpyHostToDevice));
+  char* sendbuf = dIn;
+  char* recvbuf = dOut;
+  if (inPlace) {
+    if (f == 3 || f == 6) sendbuf = dOut + rank * count * esz;  /* AllGather, Gather */
+    else if (f == 4 || f == 7) { sendbuf = dOut; recvbuf = dOut + rank * count * esz; }
+    else sendbuf = dOut;
+    if (f == 4 || f == 7) {
+      CU(cudaMemcpy(dOut, hIn, inCount * esz, cudaMemcpyHostToDevice));
+    } else if (f == 3 || f == 6) {
+      CU(cudaMemcpy(sendbuf, hIn, inCount * esz, cudaMemcpyHostToDevice));
+    } else {
+      CU(cudaMemcpy(dOut, hIn, inCount * esz, cudaMemcpyHostToDevice));
+    }
+  } else {
+    CU(cudaMemcpy(dIn, hIn, inCount * esz, cudaMemcpyHostToDevice));
+  }
+  /* cudaMemcpy from pageable memory may return before its DMA lands, and s does not wait for
+   * the legacy stream: finish the copies first */
+  CU(cudaDeviceSynchronize());
+  switch (f) {
+    case 0: CK(gcommAllReduce(sendbuf, recvbuf, count, dt, op, comm, s)); break;
+    case 1: CK(gcommBroadcast(sendbuf, recvbuf, count, dt, root, comm, s)); break;
+    case 2: CK(gcommReduce(sendbuf, recvbuf, count, dt, op, root, comm, s)); break;
+    case 3: CK(gcommAllGather(sendbuf, recvbuf, count, dt, comm, s)); break;
+    case 4: CK(gcommReduceScatter(sendbuf, recvbuf, count, dt, op, comm, s)); break;
+    case 5: CK(gcommAllToAll(sendbuf, recvbuf, count, dt, comm, s)); break;
+    case 6: CK(gcommGather(sendbuf, recvbuf, count, dt, root, comm, s)); break;
+    case 7: CK(gcommScatter(sendbuf, recvbuf, count, dt, root, comm, s)); break;
+  }
+  CK(gcommWait(comm, s));
+  size_t checkCount = outCount;
+  if (f == 4 || f == 7) checkCount = count;
+  if ((f == 2 || f == 6) && rank != root) checkCount = 0;
+  if (checkCount)
+    CU(cudaMemcpy(hOut, recvbuf, checkCount * esz, cudaMemcpyDeviceToHost));
+  /* reference */
+  memset(hRef, 0xAB, checkCount * esz);
+  for (size_t k = 0; k < checkCount; k++) {
+    switch (f) {
+      case 0: case 2: refReduce(hRef, k, dt, op, k, seed); break;
+      case 4: refReduce(hRef, k, dt, op, rank * count + k, seed); break;
+      case 1: put(hRef, dt, k, val(root, k, op, seed)); break;
+      case 3: case 6: put(hRef, dt, k, val((int)(k / count), k % count, op, seed)); break;
+      case 5: put(hRef, dt, k, val((int)(k / count), rank * count + k % count, op, seed)); break;
+      case 7: put(hRef, dt, k, val(root, rank * count + k, op, seed)); break;
+    }
+  }
+  checks++;
+  if (memcmp(hOut, hRef, checkCount * esz) != 0) {
+    size_t k = 0;
+    while (memcmp(hOut + k * esz, hRef + k * esz, esz) == 0) k++;
+    unsigned long long got = 0, want = 0;
+    memcpy(&got, hOut + k * esz, esz);
+    memcpy(&want, hRef + k * esz, esz);
+    if (failures++ < 20)
+      fprintf(stderr, "FAIL rank %d: %s %s %s%s algo %s count %zu %s root %d: element %zu is "
+              "0x%llx, expected 0x%llx\n", rank, fnames[f], tnames[dt], isRed ? "op " : "",
+              isRed ? (const char*[]){"sum", "prod", "max", "min", "avg"}[op] : "", algo, count,
+              inPlace ? "in-place" : "out-of-place", root, k, got, want);
+    return 1;
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  int full = argc > 1 && strcmp(argv[1], "--quick") != 0;
+  int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+  (void)full;
+  MPI_Comm node;
+  int local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local);
+  int ndev = 0;
+  CU(cudaGetDeviceCount(&ndev));
+  if (getenv("TEST_NGPUS") && atoi(getenv("TEST_NGPUS")) > 0 && atoi(getenv("TEST_NGPUS")) < ndev)
+    ndev = atoi(getenv("TEST_NGPUS"));
+  int dev = local % ndev;
+  CU(cudaSetDevice(dev));
+  size_t counts[] = {1, 1031, 262147};
+  int nCounts = quick ? 2 : 3;
+  maxBytes = counts[nCounts - 1] * 8 * nranks + 4096;
+  CU(cudaMalloc((void**)&dIn, maxBytes));
+  CU(cudaMalloc((void**)&dOut, maxBytes));
+  hIn = malloc(maxBytes);
+  hOut = malloc(maxBytes);
+  hRef = malloc(maxBytes);
+  cudaStream_t s;
+  CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+  const char* algos[] = {"ring", "tree", "direct"};
+  int seed = 1;
+  for (int a = 0; a < 3; a++) {
+    setenv("GCOMM_ALGO", algos[a], 1);
+    gcommComm_t comm;
+    CK(gcommCommInitMPI(&comm, MPI_COMM_WORLD, NULL));
+    int cdev = -2;
+    CK(gcommCommDevice(comm, &cdev));
+    if (cdev != dev) {
+      fprintf(stderr, "rank %d: comm device %d, expected %d\n", rank, cdev, dev);
+      failures++;
+    }
+    int before = failures;
+    for (int f = 0; f < 8; f++) {
+      int isRed = f == 0 || f == 2 || f == 4;
+      for (int dt = 0; dt < 10; dt++) {
+        if (!isRed && dt != 0 && dt != 6 && dt != 7 && dt != 8) continue;
+        for (int op = 0; op < (isRed ? 5 : 1); op++) {
+          if (quick && isRed && op > 0 && dt != 7 && dt != 6) continue;
+          for (int c = 0; c < nCounts; c++)
+            for (int ip = 0; ip < 2; ip++) runCase(comm, s, f, dt, op, counts[c], ip, seed++, algos[a]);
+        }
+      }
+    }
+    if (rank == 0)
+      printf("algo %-6s: %s (%d checks so far)\n", algos[a], failures == before ? "ok" : "FAILED",
+             checks);
+    fflush(stdout);
+    CK(gcommCommDestroy(comm));
+  }
+  unsetenv("GCOMM_ALGO");
+
+  /* send/recv around the ring, a fused group, and graph capture */
+  gcommComm_t comm;
+  CK(gcommCommInitMPI(&comm, MPI_COMM_WORLD, NULL));
+  {
+    size_t cnt = 100003;
+    float* h = malloc(cnt * 4 * 3);
+    for (size_t i = 0; i < cnt; i++) h[i] = (float)(rank * 1000 + i % 1000);
+    float *dA, *dB, *dC, *dD;
+    CU(cudaMalloc((void**)&dA, cnt * 4));
+    CU(cudaMalloc((void**)&dB, cnt * 4));
+    CU(cudaMalloc((void**)&dC, cnt * 4));
+    CU(cudaMalloc((void**)&dD, cnt * 4 * nranks));
+    CU(cudaMemcpy(dA, h, cnt * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemset(dB, 0xff, cnt * 4));
+    int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    CK(gcommGroupStart());
+    CK(gcommRecv(dB, cnt, gcommFloat, prev, comm, s));
+    CK(gcommSend(dA, cnt, gcommFloat, next, comm, s));
+    CK(gcommAllReduce(dA, dC, cnt, gcommFloat, gcommSum, comm, s));
+    CK(gcommAllGather(dA, dD, cnt, gcommFloat, comm, s));
+    CK(gcommGroupEnd());
+    CK(gcommWait(comm, s));
+    float* g = malloc(cnt * 4 * nranks);
+    int bad = 0;
+    CU(cudaMemcpy(g, dB, cnt * 4, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < cnt; i++) bad += g[i] != (float)(prev * 1000 + i % 1000);
+    CU(cudaMemcpy(g, dC, cnt * 4, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < cnt; i++)
+      bad += g[i] != (float)(1000 * nranks * (nranks - 1) / 2 + nranks * (i % 1000));
+    CU(cudaMemcpy(g, dD, cnt * 4 * nranks, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < cnt * nranks; i++) bad += g[i] != (float)((i / cnt) * 1000 + (i % cnt) % 1000);
+    checks++;
+    if (bad) {
+      failures++;
+      fprintf(stderr, "FAIL rank %d: group send/recv/allreduce/allgather: %d bad elements\n", rank, bad);
+    }
+    if (rank == 0) printf("group send/recv+allreduce+allgather: %s\n", bad ? "FAILED" : "ok");
+
+    /* graph capture: an in-place all-reduce of ones, replayed 3 times -> n^3 */
+    for (size_t i = 0; i < cnt; i++) h[i] = 1.0f;
+    CU(cudaMemcpy(dA, h, cnt * 4, cudaMemcpyHostToDevice));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(gcommAllReduce(dA, dA, cnt, gcommFloat, gcommSum, comm, s));
+    CU(cudaStreamEndCapture(s, &graph));
+    CU(cudaGraphInstantiate(&exec, graph, 0));
+    for (int k = 0; k < 3; k++) CU(cudaGraphLaunch(exec, s));
+    CK(gcommWait(comm, s));
+    CU(cudaMemcpy(g, dA, cnt * 4, cudaMemcpyDeviceToHost));
+    bad = 0;
+    for (size_t i = 0; i < cnt; i++) bad += g[i] != (float)(nranks * nranks * nranks);
+    /* an eager collective after the replays still agrees on the FIFO counters */
+    CK(gcommAllReduce(dA, dA, cnt, gcommFloat, gcommSum, comm, s));
+    CK(gcommWait(comm, s));
+    CU(cudaMemcpy(g, dA, cnt * 4, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < cnt; i++) bad += g[i] != (float)(nranks * nranks * nranks * nranks);
+    checks++;
+    if (bad) {
+      failures++;
+      fprintf(stderr, "FAIL rank %d: graph-captured all-reduce: %d bad elements\n", rank, bad);
+    }
+    if (rank == 0) printf("graph capture: %s\n", bad ? "FAILED" : "ok");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    /* argument checks on a GPU comm */
+    gcommResult_t r = gcommAllReduce(NULL, dA, 4, gcommFloat, gcommSum, comm, s);
+    gcommResult_t r2 = gcommAllReduce(h, dA, 4, gcommFloat, gcommSum, comm, s);
+    if (r != gcommInvalidArgument || r2 != gcommInvalidArgument) {
+      failures++;
+      fprintf(stderr, "FAIL rank %d: NULL / host pointer accepted (%d %d)\n", rank, r, r2);
+    }
+    free(h);
+    free(g);
+    cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD);
+  }
+  CK(gcommCommDestroy(comm));
+  int total = 0;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0)
+    printf("%s: %d ranks on %d GPU(s), %d checks per rank, %d failures\n",
+           total ? "FAILED" : "PASSED", nranks, ndev < nranks ? ndev : nranks, checks, total);
+  MPI_Finalize();
+  return total != 0;
+}

@@ -1,0 +1,360 @@
+/*
+ * transports/p2p.c - connections between GPUs of one node through CUDA IPC, and the host side
+ * of the GPU engine: device selection, launches, stream waits, teardown.
+ *
+ * Each rank allocates one region in its GPU's memory (layout in gcomm_device.h) holding the FIFOs
+ * it receives on, the head counters of the FIFOs it sends on, and its own step counters. The
+ * region is exported with cudaIpcGetMemHandle, the handles travel in the cards exchanged at init,
+ * and every local peer opens them (cudaIpcMemLazyEnablePeerAccess turns on NVLink peer access
+ * between different GPUs; two ranks on one GPU need nothing more). After init no MPI is used:
+ * kernels talk through the FIFOs alone.
+ */
+#include <cuda_runtime_api.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gcomm_device.h"
+
+struct gcommDev {
+  char* region;            /* this rank's region (cudaMalloc) */
+  char** peerRegion;       /* [rank]: opened IPC mapping, NULL for self and remote ranks */
+  size_t fifoBytes, regionBytes, headOff, stepOff;
+  gcommDevComm_t host;     /* host copy of the device communicator */
+  gcommDevComm_t* devComm; /* device copy */
+  gcommDevConn_t* conns;   /* device arrays: send then recv */
+  void* hostMapped;        /* cudaHostAlloc'd: abort flag, error record */
+  gcommDevLaunch_t* args;  /* staging of one launch's parameters */
+};
+
+#define CUDA_CHECK(comm, peer, call)                                                           \
+  do {                                                                                         \
+    cudaError_t e_ = (call);                                                                   \
+    if (e_ != cudaSuccess)                                                                     \
+      return GCOMM_ERROR(comm, gcommDeviceError, peer, "%s failed: %s (%s)", #call,            \
+                         cudaGetErrorName(e_), cudaGetErrorString(e_));                        \
+  } while (0)
+
+static int localIndex(gcommComm_t comm, int rank) {
+  int idx = 0;
+  for (int q = 0; q < rank; q++) idx += comm->cards[q].hostId == comm->cards[rank].hostId;
+  return idx;
+}
+
+gcommResult_t gcommDeviceSelect(gcommComm_t comm, const gcommConfig_t* config) {
+  int want = config ? config->device : GCOMM_CONFIG_UNDEF_INT, count = 0;
+  comm->device = GCOMM_DEVICE_HOST;
+  if (want == GCOMM_DEVICE_HOST) return gcommSuccess;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    if (want == GCOMM_CONFIG_UNDEF_INT) return gcommSuccess; /* no GPU: a host communicator */
+    return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "config->device %d: no CUDA device", want);
+  }
+  if (want == GCOMM_CONFIG_UNDEF_INT) CUDA_CHECK(comm, -1, cudaGetDevice(&want));
+  if (want < 0 || want >= count)
+    return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
+                       "config->device %d is not a CUDA device (0..%d)", want, count - 1);
+  comm->device = want;
+  return gcommSuccess;
+}
+
+/* Runs with comm's device current, restoring the caller's. */
+#define WITH_DEVICE(comm, old)                                                                 \
+  int old = -1;                                                                                \
+  cudaGetDevice(&old);                                                                         \
+  if (old != (comm)->device) cudaSetDevice((comm)->device)
+#define RESTORE_DEVICE(comm, old)                                                              \
+  if (old >= 0 && old != (comm)->device) cudaSetDevice(old)
+
+gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card) {
+  struct gcommDev* d = calloc(1, sizeof(*d));
+  if (d == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  comm->dev = d;
+  CUDA_CHECK(comm, -1, cudaSetDevice(comm->device));
+  d->peerRegion = calloc(comm->nranks, sizeof(char*));
+  d->args = malloc(sizeof(gcommDevLaunch_t));
+  if (d->peerRegion == NULL || d->args == NULL)
+    return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  size_t nLanes = comm->nLanes, nLocal = comm->nLocal;
+  d->fifoBytes = (GCOMM_DEV_FIFO_HDR + GCOMM_STEPS * comm->slotBytes + 255) & ~(size_t)255;
+  d->headOff = d->fifoBytes * nLocal * nLanes;
+  d->stepOff = d->headOff + GCOMM_DEV_HEAD_BYTES * nLocal * nLanes;
+  d->regionBytes = d->stepOff + 2 * sizeof(uint64_t) * nLanes * comm->nranks;
+  CUDA_CHECK(comm, -1, cudaMalloc((void**)&d->region, d->regionBytes));
+  /* only the counters need zeros; the slots are written before they are read */
+  for (size_t i = 0; i < nLocal * nLanes; i++)
+    CUDA_CHECK(comm, -1, cudaMemset(d->region + i * d->fifoBytes, 0, GCOMM_DEV_FIFO_HDR));
+  CUDA_CHECK(comm, -1, cudaMemset(d->region + d->headOff, 0, d->regionBytes - d->headOff));
+  CUDA_CHECK(comm, -1, cudaHostAlloc(&d->hostMapped, 4096, cudaHostAllocMapped));
+  memset(d->hostMapped, 0, 4096);
+  cudaIpcMemHandle_t h;
+  CUDA_CHECK(comm, -1, cudaIpcGetMemHandle(&h, d->region));
+  memcpy(card->devHandle, &h, sizeof(h) < sizeof(card->devHandle) ? sizeof(h) : sizeof(card->devHandle));
+  CUDA_CHECK(comm, -1, cudaDeviceSynchronize());
+  GCOMM_INFO(GCOMM_SUBSYS_INIT, comm, "GPU %d: FIFO region of %zu bytes (%d local ranks x %d lanes)",
+             comm->device, d->regionBytes, comm->nLocal, comm->nLanes);
+  return gcommSuccess;
+}
+
+gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
+  struct gcommDev* d = comm->dev;
+  int me = comm->rank, n = comm->nranks, myIdx = localIndex(comm, me);
+  CUDA_CHECK(comm, -1, cudaSetDevice(comm->device));
+  for (int p = 0; p < n; p++) {
+    if (p == me || comm->cards[p].hostId != comm->cards[me].hostId) continue;
+    int pd = comm->cards[p].device;
+    if (pd < 0)
+      return GCOMM_ERROR(comm, gcommInvalidUsage, p,
+                         "rank %d has a host communicator and this rank a GPU one: every rank "
+                         "must choose alike (config.device)", p);
+    if (pd != comm->device) {
+      int can = 0;
+      CUDA_CHECK(comm, p, cudaDeviceCanAccessPeer(&can, comm->device, pd));
+      if (!can)
+        return GCOMM_ERROR(comm, gcommDeviceError, p,
+                           "GPU %d cannot access GPU %d of rank %d as a peer, and staging "
+                           "through host memory (GCOMM_P2P_DISABLE) is not implemented",
+                           comm->device, pd, p);
+    }
+    cudaIpcMemHandle_t h;
+    memcpy(&h, comm->cards[p].devHandle, sizeof(h));
+    void* m = NULL;
+    CUDA_CHECK(comm, p, cudaIpcOpenMemHandle(&m, h, cudaIpcMemLazyEnablePeerAccess));
+    d->peerRegion[p] = m;
+  }
+  size_t nc = (size_t)comm->nLanes * n;
+  gcommDevConn_t* hc = calloc(2 * nc, sizeof(gcommDevConn_t));
+  if (hc == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  uint64_t* steps = (uint64_t*)(d->region + d->stepOff);
+  for (int p = 0; p < n; p++) {
+    if (comm->cards[p].hostId != comm->cards[me].hostId) continue;
+    char* peer = p == me ? d->region : d->peerRegion[p];
+    int pIdx = localIndex(comm, p);
+    for (int lane = 0; lane < comm->nLanes; lane++) {
+      size_t i = (size_t)lane * n + p;
+      /* send to p: p's FIFO [me][lane], head in my region [p][lane] */
+      char* f = peer + ((size_t)myIdx * comm->nLanes + lane) * d->fifoBytes;
+      hc[i].tail = (volatile uint64_t*)f;
+      hc[i].bytes = (volatile uint64_t*)(f + 64);
+      hc[i].slots = f + GCOMM_DEV_FIFO_HDR;
+      hc[i].head = (volatile uint64_t*)(d->region + d->headOff +
+                                        ((size_t)pIdx * comm->nLanes + lane) * GCOMM_DEV_HEAD_BYTES);
+      hc[i].step = steps + i;
+      /* receive from p: my FIFO [p][lane], head in p's region [me][lane] */
+      f = d->region + ((size_t)pIdx * comm->nLanes + lane) * d->fifoBytes;
+      hc[nc + i].tail = (volatile uint64_t*)f;
+      hc[nc + i].bytes = (volatile uint64_t*)(f + 64);
+      hc[nc + i].slots = f + GCOMM_DEV_FIFO_HDR;
+      hc[nc + i].head = (volatile uint64_t*)(peer + d->headOff +
+                                             ((size_t)myIdx * comm->nLanes + lane) * GCOMM_DEV_HEAD_BYTES);
+      hc[nc + i].step = steps + nc + i;
+    }
+  }
+  gcommResult_t res = gcommSuccess;
+  cudaError_t e = cudaMalloc((void**)&d->conns, 2 * nc * sizeof(gcommDevConn_t));
+  if (e == cudaSuccess) e = cudaMemcpy(d->conns, hc, 2 * nc * sizeof(gcommDevConn_t), cudaMemcpyHostToDevice);
+  free(hc);
+  if (e != cudaSuccess)
+    return GCOMM_ERROR(comm, gcommDeviceError, -1, "connection table: %s", cudaGetErrorString(e));
+  char* hm = d->hostMapped;
+  void *abortDev, *errDev;
+  CUDA_CHECK(comm, -1, cudaHostGetDevicePointer(&abortDev, hm, 0));
+  CUDA_CHECK(comm, -1, cudaHostGetDevicePointer(&errDev, hm + 64, 0));
+  d->host.rank = me;
+  d->host.nranks = n;
+  d->host.nLanes = comm->nLanes;
+  d->host.slotBytes = comm->slotBytes;
+  d->host.send = d->conns;
+  d->host.recv = d->conns + nc;
+  d->host.abortFlag = abortDev;
+  d->host.error = errDev;
+  d->host.timeoutNs = (unsigned long long)comm->params.timeoutMs * 1000000ull;
+  CUDA_CHECK(comm, -1, cudaMalloc((void**)&d->devComm, sizeof(gcommDevComm_t)));
+  CUDA_CHECK(comm, -1, cudaMemcpy(d->devComm, &d->host, sizeof(gcommDevComm_t), cudaMemcpyHostToDevice));
+  return res;
+}
+
+static volatile int* hostAbort(struct gcommDev* d) { return (volatile int*)d->hostMapped; }
+static gcommDevError_t* hostError(struct gcommDev* d) {
+  return (gcommDevError_t*)((char*)d->hostMapped + 64);
+}
+
+static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* stream) {
+  struct gcommDev* d = comm->dev;
+  if (a->nWorks == 0) return gcommSuccess;
+  a->comm = d->devComm;
+  a->first[a->nBlocks] = (uint16_t)a->nWorks;
+  int e = gcommKernelLaunch(a, stream);
+  if (e != cudaSuccess)
+    return GCOMM_ERROR(comm, gcommDeviceError, -1, "kernel launch failed: %s",
+                       cudaGetErrorString((cudaError_t)e));
+  return gcommSuccess;
+}
+
+gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
+  struct gcommDev* d = comm->dev;
+  gcommDevLaunch_t* a = d->args;
+  gcommResult_t res = gcommSuccess;
+  WITH_DEVICE(comm, old);
+  a->nBlocks = a->nWorks = 0;
+  /* works grouped by queue, in posting order inside a queue: one block per queue */
+  int nQueues = comm->nQueues;
+  int i = 0;
+  for (int q = 0; q < nQueues && res == gcommSuccess; q++) {
+    int opened = 0;
+    gcommOp_t* op = ops;
+    for (i = 0; i < n && op; i++, op = op->next) {
+      for (int w = 0; w < op->nWorks; w++) {
+        const gcommWork_t* wk = &op->works[w];
+        if (wk->queue != q) continue;
+        if (a->nWorks == GCOMM_DEV_MAX_WORKS || (!opened && a->nBlocks == GCOMM_DEV_MAX_WORKS)) {
+          /* too many for one launch: launch what we have; queues stay ordered on the stream */
+          GCOMM_WARN(comm, "a group of more than %d works is split into several launches: "
+                     "point-to-point inside it may deadlock", GCOMM_DEV_MAX_WORKS);
+          res = launchBatch(comm, a, stream);
+          if (res != gcommSuccess) break;
+          a->nBlocks = a->nWorks = 0;
+          opened = 0;
+        }
+        if (!opened) {
+          a->first[a->nBlocks++] = (uint16_t)a->nWorks;
+          opened = 1;
+        }
+        gcommDevWork_t* dw = &a->works[a->nWorks++];
+        dw->sched = wk->sched;
+        dw->sendbuff = op->sendbuff;
+        dw->recvbuff = op->recvbuff;
+        dw->nSteps = wk->nSteps;
+        dw->datatype = op->datatype;
+        dw->redop = op->redop;
+        dw->lane = wk->lane;
+        dw->pad = 0;
+      }
+      if (res != gcommSuccess) break;
+    }
+  }
+  if (res == gcommSuccess) res = launchBatch(comm, a, stream);
+  RESTORE_DEVICE(comm, old);
+  return res;
+}
+
+static const char* const funcName[gcommNumFuncs] = {
+    "AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
+    "AllToAll",  "Gather",    "Scatter", "Send",     "Recv"};
+
+/* The kernels' recorded failure, as this rank's error. */
+static gcommResult_t kernelError(gcommComm_t comm, const char* where) {
+  gcommDevError_t* e = hostError(comm->dev);
+  int code = e->code;
+  if (code == 0) return gcommSuccess;
+  __atomic_store_n(&comm->asyncError, code, __ATOMIC_RELEASE);
+  const char* fn = (unsigned)e->func < gcommNumFuncs ? funcName[e->func] : "?";
+  if (code == gcommAborted)
+    return gcommSetError(comm, gcommAborted, -1, where, "the communicator was aborted");
+  if (code == gcommInvalidUsage)
+    return gcommSetError(comm, gcommInvalidUsage, e->peer, where,
+                         "GPU %s channel %d step %ld received %llu bytes from rank %d where %llu "
+                         "were expected: the ranks called different operations or counts",
+                         fn, e->lane, e->step, e->got, e->peer, e->expected);
+  return gcommSetError(comm, (gcommResult_t)code, e->peer, where,
+                       "GPU %s lane %d step %ld: waited more than GCOMM_TIMEOUT_MS=%lld to %s "
+                       "rank %d",
+                       fn, e->lane, e->step, (long long)comm->params.timeoutMs,
+                       e->isRecv ? "receive from" : "send to", e->peer);
+}
+
+gcommResult_t gcommDeviceTest(gcommComm_t comm, void* stream, const char* where) {
+  WITH_DEVICE(comm, old);
+  cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+  RESTORE_DEVICE(comm, old);
+  gcommResult_t kres = kernelError(comm, where);
+  if (kres != gcommSuccess) return kres;
+  if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE))
+    return gcommSetError(comm, gcommAborted, -1, where, "the communicator was aborted");
+  if (e == cudaErrorNotReady) return gcommInProgress;
+  if (e != cudaSuccess)
+    return gcommSetError(comm, gcommDeviceError, -1, where, "cudaStreamQuery: %s",
+                         cudaGetErrorString(e));
+  return gcommSuccess;
+}
+
+static void pause_(uint64_t* idleSince) {
+  uint64_t now = gcommNowNs();
+  if (*idleSince == 0) *idleSince = now;
+  uint64_t us = (now - *idleSince) / 1000;
+  if (us < 50) return;
+  if (us < 2000) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, (long)(us / 16 < 200 ? us / 16 : 200) * 1000};
+  nanosleep(&ts, NULL);
+}
+
+gcommResult_t gcommDeviceWait(gcommComm_t comm, void* stream, const char* where) {
+  uint64_t deadline = gcommNowNs() + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
+  uint64_t idleSince = 0;
+  for (;;) {
+    gcommResult_t r = gcommDeviceTest(comm, stream, where);
+    if (r != gcommInProgress) return r;
+    if (gcommNowNs() > deadline)
+      return gcommSetError(comm, gcommTimeout, -1, where,
+                           "the stream's GPU work is not done after GCOMM_TIMEOUT_MS=%lld",
+                           (long long)comm->params.timeoutMs);
+    pause_(&idleSince);
+  }
+}
+
+void gcommDeviceAbort(gcommComm_t comm) {
+  if (comm->dev && comm->dev->hostMapped) {
+    *hostAbort(comm->dev) = 1;
+    __sync_synchronize();
+  }
+}
+
+int gcommDeviceBadPointer(const void* ptr) {
+  struct cudaPointerAttributes at;
+  if (ptr == NULL) return 0;
+  if (cudaPointerGetAttributes(&at, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  return at.type == cudaMemoryTypeUnregistered;
+}
+
+void gcommDeviceQuiesce(gcommComm_t comm) {
+  int finalized = 1, initialized = 0;
+  if (comm->dev == NULL) return;
+  WITH_DEVICE(comm, old);
+  cudaDeviceSynchronize(); /* kernels end: done, deadline passed, or aborted */
+  cudaGetLastError();
+  RESTORE_DEVICE(comm, old);
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized && !__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) &&
+      __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess &&
+      hostError(comm->dev)->code == 0)
+    MPI_Barrier(comm->mpiComm);
+}
+
+void gcommDeviceFree(gcommComm_t comm) {
+  struct gcommDev* d = comm->dev;
+  if (d == NULL) return;
+  int old = -1;
+  cudaGetDevice(&old);
+  if (comm->device >= 0) cudaSetDevice(comm->device);
+  if (d->peerRegion)
+    for (int p = 0; p < comm->nranks; p++)
+      if (d->peerRegion[p]) cudaIpcCloseMemHandle(d->peerRegion[p]);
+  if (d->conns) cudaFree(d->conns);
+  if (d->devComm) cudaFree(d->devComm);
+  if (d->region) cudaFree(d->region);
+  if (d->hostMapped) cudaFreeHost(d->hostMapped);
+  if (old >= 0) cudaSetDevice(old);
+  free(d->peerRegion);
+  free(d->args);
+  free(d);
+  comm->dev = NULL;
+}
