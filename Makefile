@@ -8,8 +8,8 @@ MPICC   ?= mpicc
 MPIEXEC ?= mpiexec
 BUILD   ?= build
 OPT     ?= -O3
-CFLAGS  += -std=gnu11 $(OPT) -g -fPIC -Wall -Wextra -Werror -pthread -I.
-LDLIBS  += -pthread -lrt -ldl -lm
+CFLAGS  += -std=gnu11 $(OPT) -g -fPIC -Wall -Wextra -Werror -pthread -I. $(MPI_CFLAGS)
+LDLIBS  += -pthread -lrt -ldl -lm $(MPI_LIBS)  # MPI_CFLAGS/MPI_LIBS: for MPICC=gcc without a wrapper
 
 ifeq ($(SAN),1)
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -93,11 +93,11 @@ clean:
 .PHONY: all test run format clean
 .PRECIOUS: $(BUILD)/obj/%.o
 
-# GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1]
+# GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1 NCCL_HOME=...]
 ifeq ($(CUDA),1)
 $(BUILD)/test/gpu/%: test/gpu/%.c $(BUILD)/libgcomm.a gcomm.h
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
-gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/bench_gpu
+gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/gcomm_perf
 .PHONY: gpu-test
 endif
