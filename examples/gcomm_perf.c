@@ -1169,7 +1169,7 @@ static long long countWrong(const Test* t) {
 
 /* Seconds per iteration on this rank: warm-ups, a barrier, then the timed iterations. */
 static double timeIterations(const Test* t) {
-  Timer tm;
+  Timer tm = {0, 0.0};
   for (int i = 0; i < opt.warmup; i++) launch(t, i), t->be->afterEach();
   t->be->afterAll();
   MPI_Barrier(MPI_COMM_WORLD);
