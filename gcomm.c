@@ -862,7 +862,19 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   if (comm->device >= 0 && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
 #endif
   comm->nChannels = comm->params.nChannels;
-  comm->nLanes = comm->nChannels + 1;
+  /* lanes [0, nChannels) carry collectives, [nChannels, nChannels + nP2pChannels) point-to-point */
+  comm->nP2pChannels = comm->nChannels;
+#ifdef GCOMM_CUDA
+  /* one launch holds GCOMM_DEV_MAX_WORKS works (blocks): keep a group that sends to and receives
+   * from every other rank once, each split over every p2p channel, inside one launch (a split
+   * launch may deadlock). This also bounds the GPU FIFO memory of the p2p lanes. */
+  if (comm->device >= 0) {
+    int cap = GCOMM_DEV_MAX_WORKS / 2 / (comm->nranks > 1 ? comm->nranks - 1 : 1);
+    if (cap < 1) cap = 1;
+    if (comm->nP2pChannels > cap) comm->nP2pChannels = cap;
+  }
+#endif
+  comm->nLanes = comm->nChannels + comm->nP2pChannels;
   comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
   GCOMM_CHECK(detectNode(comm, &hostId));
 
@@ -881,14 +893,14 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   MPI_CHECK(comm, MPI_Allgather(&card, sizeof(card), MPI_BYTE, comm->cards, sizeof(card),
                                 MPI_BYTE, comm->mpiComm));
   /* the lanes and slot size must agree: they shape every FIFO */
-  int shape[2] = {comm->nLanes, (int)comm->slotBytes}, lo[2], hi[2];
-  MPI_CHECK(comm, MPI_Allreduce(shape, lo, 2, MPI_INT, MPI_MIN, comm->mpiComm));
-  MPI_CHECK(comm, MPI_Allreduce(shape, hi, 2, MPI_INT, MPI_MAX, comm->mpiComm));
-  if (lo[0] != hi[0] || lo[1] != hi[1])
+  int shape[3] = {comm->nChannels, (int)comm->slotBytes, comm->nLanes}, lo[3], hi[3];
+  MPI_CHECK(comm, MPI_Allreduce(shape, lo, 3, MPI_INT, MPI_MIN, comm->mpiComm));
+  MPI_CHECK(comm, MPI_Allreduce(shape, hi, 3, MPI_INT, MPI_MAX, comm->mpiComm));
+  if (lo[0] != hi[0] || lo[1] != hi[1] || lo[2] != hi[2])
     return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
-                       "ranks disagree on GCOMM_NCHANNELS (%d..%d) or GCOMM_BUFFSIZE: set them "
-                       "the same on every rank",
-                       lo[0] - 1, hi[0] - 1);
+                       "ranks disagree on GCOMM_NCHANNELS (%d..%d), GCOMM_BUFFSIZE or GPU vs "
+                       "host (config.device): set them the same on every rank",
+                       lo[0], hi[0]);
 #ifdef GCOMM_OFI
   for (int p = 0; p < comm->nranks; p++)
     if (comm->cards[p].hostId != hostId && comm->params.netDisable)
@@ -906,7 +918,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
 
   comm->sendConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
   comm->recvConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
-  comm->nQueues = comm->nChannels + 2 * comm->nranks;
+  comm->nQueues = comm->nChannels + 2 * comm->nranks * comm->nP2pChannels;
   comm->queues = calloc(comm->nQueues, sizeof(gcommQueue_t));
   res = comm->sendConns && comm->recvConns && comm->queues
             ? gcommShmConnect(comm)
@@ -1146,15 +1158,19 @@ static int chooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   return best;
 }
 
-/* Channels pay off once each gets a few slots of data. */
+/* Channels pay off once each gets a few slots of data: one per perChannel bytes, at most the
+ * collective channels (or the point-to-point channels for a Send/Recv). For a Send/Recv, bytes is
+ * count * type size: sender and receiver derive the same number, so their slices meet on the
+ * same lanes. */
 static int chooseChannels(gcommComm_t comm, int func, size_t bytes) {
-  if (func == gcommFuncSend || func == gcommFuncRecv) return 1;
+  int isP2p = func == gcommFuncSend || func == gcommFuncRecv;
+  size_t maxCh = (size_t)(isP2p ? comm->nP2pChannels : comm->nChannels);
   size_t perChannel = 4 * comm->slotBytes;
 #ifdef GCOMM_CUDA
   if (comm->device >= 0) perChannel = 32 * 1024; /* a block per channel: cheap to add */
 #endif
   size_t nc = bytes / perChannel;
-  return nc < 1 ? 1 : nc > (size_t)comm->nChannels ? comm->nChannels : (int)nc;
+  return nc < 1 ? 1 : nc > maxCh ? (int)maxCh : (int)nc;
 }
 
 static void tuningPrint(gcommComm_t comm) {
@@ -1293,7 +1309,9 @@ static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* wher
 static __thread int groupDepth;
 static __thread gcommComm_t groupComms; /* communicators with operations held by the group */
 
-/* Splits a checked operation into its works: one per channel (collectives), or one (p2p). */
+/* Splits a checked operation into its works: one per channel, each a contiguous slice
+ * (chanOff, chanCount). Collectives use the collective channels; a Send/Recv uses the
+ * point-to-point channels, as many as its byte count gives (the same on both sides). */
 static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
   int n = comm->nranks, isP2p = args->func == gcommFuncSend || args->func == gcommFuncRecv;
   size_t esz = gcommTypeSize(args->datatype);
@@ -1328,9 +1346,13 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
     w->sched.align = align;
     w->nSteps = gcommSchedNumSteps(&w->sched);
     if (w->nSteps == 0) continue;
-    if (args->func == gcommFuncSend) w->queue = comm->nChannels + args->peer, w->lane = comm->nChannels;
-    else if (args->func == gcommFuncRecv) w->queue = comm->nChannels + n + args->peer, w->lane = comm->nChannels;
-    else w->queue = w->lane = c;
+    if (isP2p) { /* queue per (direction, peer, p2p channel); lane per p2p channel */
+      int dir = args->func == gcommFuncRecv;
+      w->queue = comm->nChannels + (dir * n + args->peer) * comm->nP2pChannels + c;
+      w->lane = comm->nChannels + c;
+    } else {
+      w->queue = w->lane = c;
+    }
     op->nWorks++;
   }
   op->nWorksLeft = op->nWorks;

@@ -2,7 +2,8 @@
  * gcomm_device.h - the GPU engine's internal interface (CUDA builds only: gcomm.c includes it
  * under #ifdef GCOMM_CUDA). transports/p2p.c owns the connection FIFOs in GPU memory, shared with
  * the other local ranks through CUDA IPC; gcomm_kernels.cu runs the schedules of gcomm_sched.h
- * over them, one block per queue (a collective channel, or one direction to one peer).
+ * over them, one block per queue (a collective channel, or one point-to-point channel of one
+ * direction to one peer: a Send/Recv is split over up to nP2pChannels of them).
  *
  * Layout of one rank's region (one cudaMalloc, exported with cudaIpcGetMemHandle):
  *   recv FIFOs  [local sender][lane]: a 256-byte header (tail at 0, written by the sender;

@@ -85,10 +85,11 @@ typedef struct {
 } gcommConn_t;
 
 /* ---- Operations ----
- * An operation (a collective, a send or a receive) is split into works: one per channel for a
- * collective, one for a send or receive. Each work sits in one queue and queues run in parallel:
- * one queue per collective channel (every rank posts collectives in the same order), one per
- * peer and direction for point-to-point (sends and receives of a pair match in order). */
+ * An operation (a collective, a send or a receive) is split into works, one per channel, each a
+ * contiguous slice of the data. Each work sits in one queue and queues run in parallel: one
+ * queue per collective channel (every rank posts collectives in the same order), one per (peer,
+ * direction, point-to-point channel) (sends and receives of a pair match in order on every
+ * channel: both sides derive a Send/Recv's channel count from count * type size alone). */
 typedef struct gcommOp gcommOp_t;
 typedef struct gcommWork {
   struct gcommWork* next; /* in its queue */
@@ -134,7 +135,9 @@ struct gcommComm {
   gcommCard_t* cards;    /* every rank's card */
   char name[64];
   gcommParams_t params;
-  int nChannels, nLanes; /* lanes: nChannels collective lanes, then one point-to-point lane */
+  int nChannels;    /* collective channels: lanes [0, nChannels) */
+  int nP2pChannels; /* point-to-point channels: lanes [nChannels, nChannels + nP2pChannels) */
+  int nLanes;       /* nChannels + nP2pChannels */
   size_t slotBytes;
   gcommConn_t* sendConns; /* [lane * nranks + peer] */
   gcommConn_t* recvConns;

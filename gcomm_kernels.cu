@@ -2,8 +2,8 @@
  * gcomm_kernels.cu - the GPU executor: runs the schedules of gcomm_sched.h (the same steps as the
  * host executor's runStep in gcomm.c) over the IPC FIFOs of transports/p2p.c.
  *
- * One block per queue (a collective channel, or one direction to one peer); a block runs its
- * works in order. Each step: thread 0 waits until the step's FIFOs are ready (bounded spin that
+ * One block per queue (a collective channel, or one point-to-point channel of one direction to
+ * one peer); a block runs its works in order. Each step: thread 0 waits until the step's FIFOs are ready (bounded spin that
  * watches the abort flag and a deadline), the block computes value = recv (op src) or src, with
  * Avg's division on the postOp step, and writes it to dst and the send slots with 16-byte
  * vector accesses where aligned; every thread fences its stores at system scope; thread 0 then
