@@ -1,0 +1,430 @@
+/*
+ * test_errors.c - bad input, error strings, abort and timeout.
+ *
+ * bad     every data call with one bad argument (NULL comm, NULL buffer with count > 0, bad
+ *         datatype, op, root or peer, overlapping buffers that are not the in-place layout) returns
+ *         gcommInvalidArgument or gcommInvalidUsage, names the argument in gcommGetLastError,
+ *         leaves the output untouched and enqueues nothing; the same call with good arguments then
+ *         works. Only arguments that are bad on every rank are used (a NULL recvbuff is fine off
+ *         root for Reduce, so it is not tried there), so no rank is left in a collective alone.
+ * misc    NULL out-pointers, NULL communicators, a bad config, GroupEnd without GroupStart,
+ *         count 0 with NULL buffers, gcommGetErrorString for every code
+ * abort   rank 0 waits on a receive that is never matched; another thread calls gcommCommAbort
+ *         after 50 ms: gcommWait returns gcommAborted in under a second, destroy succeeds
+ * timeout GCOMM_TIMEOUT_MS=300 and a receive that is never matched: gcommWait fails with
+ *         gcommTimeout or gcommRemoteError within a few seconds, and the message names the peer
+ */
+#include <ctype.h>
+#include <pthread.h>
+#include <strings.h>
+
+#include "test/testlib.h"
+
+#define N(a) (int)(sizeof(a) / sizeof((a)[0]))
+
+typedef enum {
+  F_ALLREDUCE,
+  F_BROADCAST,
+  F_REDUCE,
+  F_ALLGATHER,
+  F_REDUCESCATTER,
+  F_ALLTOALL,
+  F_GATHER,
+  F_SCATTER,
+  F_SEND,
+  F_RECV,
+  NFUNCS
+} Func;
+
+static const char* const funcNames[NFUNCS] = {
+    "gcommAllReduce", "gcommBroadcast", "gcommReduce",  "gcommAllGather", "gcommReduceScatter",
+    "gcommAllToAll",  "gcommGather",    "gcommScatter", "gcommSend",      "gcommRecv"};
+
+#define COUNT 5 /* elements per rank in the calls below */
+
+/* The arguments of one call. */
+typedef struct {
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count;
+  gcommDataType_t type;
+  gcommRedOp_t op;
+  int root, peer;
+  gcommComm_t comm;
+} Args;
+
+static gcommResult_t call(Func f, const Args* a) {
+  switch (f) {
+    case F_ALLREDUCE:
+      return gcommAllReduce(a->sendbuff, a->recvbuff, a->count, a->type, a->op, a->comm, NULL);
+    case F_BROADCAST:
+      return gcommBroadcast(a->sendbuff, a->recvbuff, a->count, a->type, a->root, a->comm, NULL);
+    case F_REDUCE:
+      return gcommReduce(a->sendbuff, a->recvbuff, a->count, a->type, a->op, a->root, a->comm,
+                         NULL);
+    case F_ALLGATHER:
+      return gcommAllGather(a->sendbuff, a->recvbuff, a->count, a->type, a->comm, NULL);
+    case F_REDUCESCATTER:
+      return gcommReduceScatter(a->sendbuff, a->recvbuff, a->count, a->type, a->op, a->comm, NULL);
+    case F_ALLTOALL:
+      return gcommAllToAll(a->sendbuff, a->recvbuff, a->count, a->type, a->comm, NULL);
+    case F_GATHER:
+      return gcommGather(a->sendbuff, a->recvbuff, a->count, a->type, a->root, a->comm, NULL);
+    case F_SCATTER:
+      return gcommScatter(a->sendbuff, a->recvbuff, a->count, a->type, a->root, a->comm, NULL);
+    case F_SEND:
+      return gcommSend(a->sendbuff, a->count, a->type, a->peer, a->comm, NULL);
+    case F_RECV:
+      return gcommRecv(a->recvbuff, a->count, a->type, a->peer, a->comm, NULL);
+    default:
+      return gcommInternalError;
+  }
+}
+
+/* A bad argument: which calls it applies to, how to make it, and what the message must name. */
+typedef enum {
+  BAD_COMM,
+  BAD_SEND_NULL,
+  BAD_RECV_NULL,
+  BAD_TYPE,
+  BAD_OP,
+  BAD_ROOT_NEG,
+  BAD_ROOT_BIG,
+  BAD_PEER_NEG,
+  BAD_PEER_BIG,
+  BAD_OVERLAP,
+  NBADS
+} Bad;
+
+#define FN(f) (1u << (f))
+#define COLLS (FN(NFUNCS) - 1 - FN(F_SEND) - FN(F_RECV))
+
+static const struct {
+  const char* what;
+  unsigned funcs;
+  const char* names; /* the argument names, '|'-separated: the message must contain one */
+} bads[NBADS] = {
+    [BAD_COMM] = {"comm NULL", FN(NFUNCS) - 1, "comm"},
+    [BAD_SEND_NULL] = {"sendbuff NULL, count > 0",
+                       FN(F_ALLREDUCE) | FN(F_REDUCE) | FN(F_ALLGATHER) | FN(F_REDUCESCATTER) |
+                           FN(F_ALLTOALL) | FN(F_GATHER) | FN(F_SEND),
+                       "sendbuff"},
+    [BAD_RECV_NULL] = {"recvbuff NULL, count > 0",
+                       FN(F_ALLREDUCE) | FN(F_BROADCAST) | FN(F_ALLGATHER) | FN(F_REDUCESCATTER) |
+                           FN(F_ALLTOALL) | FN(F_SCATTER) | FN(F_RECV),
+                       "recvbuff"},
+    [BAD_TYPE] = {"datatype 99", FN(NFUNCS) - 1, "datatype"},
+    [BAD_OP] = {"op 99", FN(F_ALLREDUCE) | FN(F_REDUCE) | FN(F_REDUCESCATTER), "op"},
+    [BAD_ROOT_NEG] = {"root -1", FN(F_BROADCAST) | FN(F_REDUCE) | FN(F_GATHER) | FN(F_SCATTER),
+                      "root"},
+    [BAD_ROOT_BIG] = {"root nranks", FN(F_BROADCAST) | FN(F_REDUCE) | FN(F_GATHER) | FN(F_SCATTER),
+                      "root"},
+    [BAD_PEER_NEG] = {"peer -1", FN(F_SEND) | FN(F_RECV), "peer"},
+    [BAD_PEER_BIG] = {"peer nranks", FN(F_SEND) | FN(F_RECV), "peer"},
+    [BAD_OVERLAP] = {"overlapping buffers, not in place",
+                     FN(F_ALLREDUCE) | FN(F_ALLGATHER) | FN(F_REDUCESCATTER) | FN(F_ALLTOALL),
+                     "sendbuff|recvbuff|overlap"},
+};
+
+static int isWordChar(char c) {
+  return isalnum((unsigned char)c) || c == '_';
+}
+
+/* Does msg contain one of the '|'-separated names as a whole word (case-insensitive)? */
+static int mentions(const char* msg, const char* names) {
+  for (const char* p = names; *p;) {
+    size_t len = strcspn(p, "|");
+    for (const char* m = msg; *m; m++)
+      if (!strncasecmp(m, p, len) && (m == msg || !isWordChar(m[-1])) && !isWordChar(m[len]))
+        return 1;
+    p += len + (p[len] == '|');
+  }
+  return 0;
+}
+
+static int isError(gcommResult_t res) {
+  return res == gcommInvalidArgument || res == gcommInvalidUsage;
+}
+
+/* One buffer of 2*nranks*COUNT int32 elements holds both sides of a call (the overlap case needs
+ * them in one buffer; otherwise send is the first half, recv the second). */
+static void testBad(gcommComm_t comm, Bad bad, Func f) {
+  size_t half = (size_t)tlNranks * COUNT * 4;
+  TlBuf buf = tlBufAlloc(2 * half, 0);
+  tlFillRandom(buf.ptr, half / 4, gcommInt32, tlNextSeed(), tlRank);
+  Args a = {buf.ptr,      buf.ptr + half,          COUNT, gcommInt32, gcommSum,
+            tlNranks - 1, (tlRank + 1) % tlNranks, comm};
+  switch (bad) {
+    case BAD_COMM:
+      a.comm = NULL;
+      break;
+    case BAD_SEND_NULL:
+      a.sendbuff = NULL;
+      break;
+    case BAD_RECV_NULL:
+      a.recvbuff = NULL;
+      break;
+    case BAD_TYPE:
+      a.type = (gcommDataType_t)99;
+      break;
+    case BAD_OP:
+      a.op = (gcommRedOp_t)99;
+      break;
+    case BAD_ROOT_NEG:
+      a.root = -1;
+      break;
+    case BAD_ROOT_BIG:
+      a.root = tlNranks;
+      break;
+    case BAD_PEER_NEG:
+      a.peer = -1;
+      break;
+    case BAD_PEER_BIG:
+      a.peer = tlNranks;
+      break;
+    case BAD_OVERLAP:
+      /* recvbuff one element after sendbuff (AllGather: sendbuff one after recvbuff); AllToAll
+       * has no in-place form, so equal buffers are bad too. */
+      a.recvbuff = buf.ptr + 4;
+      if (f == F_ALLGATHER) a.sendbuff = buf.ptr + 4, a.recvbuff = buf.ptr;
+      if (f == F_ALLTOALL) a.recvbuff = buf.ptr;
+      break;
+    default:
+      break;
+  }
+  unsigned char* before = malloc(2 * half);
+  memcpy(before, buf.ptr, 2 * half);
+  gcommResult_t res = call(f, &a);
+  const char* msg = gcommGetLastError(a.comm);
+  if (!isError(res))
+    tlFail("returned %s, not gcommInvalidArgument or gcommInvalidUsage", gcommGetErrorString(res));
+  else if (!msg || !*msg)
+    tlFail("gcommGetLastError is empty");
+  else if (!mentions(msg, bads[bad].names))
+    tlFail("gcommGetLastError does not name %s: \"%s\"", bads[bad].names, msg);
+  TL_OK(comm, gcommWait(comm, NULL));
+  if (memcmp(before, buf.ptr, 2 * half)) tlFail("the call changed its buffers");
+  tlBufCheckGuards(&buf, "buffers");
+  free(before);
+
+  /* The same call, good this time. */
+  if (!tlLocalFailed) {
+    Args good = {buf.ptr, buf.ptr + half, COUNT, gcommInt32, gcommSum, tlNranks - 1, 0, comm};
+    if (f == F_SEND || f == F_RECV) { /* a send and receive between neighbours in one group */
+      TL_OK(comm, gcommGroupStart());
+      good.peer = (tlRank + 1) % tlNranks;
+      TL_OK(comm, call(F_SEND, &good));
+      good.peer = (tlRank - 1 + tlNranks) % tlNranks;
+      TL_OK(comm, call(F_RECV, &good));
+      TL_OK(comm, gcommGroupEnd());
+    } else {
+      TL_OK(comm, call(f, &good));
+    }
+    TL_OK(comm, gcommWait(comm, NULL));
+  }
+  tlBufFree(&buf);
+  tlReport("bad %s: %s", funcNames[f], bads[bad].what);
+}
+
+/* NULL out-pointers and communicators, a bad config, call order, count 0 with NULL buffers. */
+static void testMisc(gcommComm_t comm) {
+  static const struct {
+    const char* what;
+    int which;
+  } nulls[] = {{"gcommGetVersion(NULL)", 0},
+               {"gcommCommCount(comm, NULL)", 1},
+               {"gcommCommUserRank(comm, NULL)", 2},
+               {"gcommCommDevice(comm, NULL)", 3},
+               {"gcommCommGetAsyncError(comm, NULL)", 4},
+               {"gcommCommCount(NULL, &n)", 5},
+               {"gcommWait(NULL, NULL)", 6},
+               {"gcommTest(NULL, NULL)", 7},
+               {"gcommProgress(NULL)", 8},
+               {"gcommCommSplit(comm, 0, 0, NULL, NULL)", 9},
+               {"gcommCommInitMPI(NULL, world, NULL)", 10}};
+  int n;
+  for (int i = 0; i < N(nulls); i++) {
+    gcommResult_t res = gcommInternalError;
+    switch (nulls[i].which) {
+      case 0:
+        res = gcommGetVersion(NULL);
+        break;
+      case 1:
+        res = gcommCommCount(comm, NULL);
+        break;
+      case 2:
+        res = gcommCommUserRank(comm, NULL);
+        break;
+      case 3:
+        res = gcommCommDevice(comm, NULL);
+        break;
+      case 4:
+        res = gcommCommGetAsyncError(comm, NULL);
+        break;
+      case 5:
+        res = gcommCommCount(NULL, &n);
+        break;
+      case 6:
+        res = gcommWait(NULL, NULL);
+        break;
+      case 7:
+        res = gcommTest(NULL, NULL);
+        break;
+      case 8:
+        res = gcommProgress(NULL);
+        break;
+      case 9:
+        res = gcommCommSplit(comm, 0, 0, NULL, NULL);
+        break;
+      case 10:
+        res = gcommCommInitMPI(NULL, MPI_COMM_WORLD, NULL);
+        break;
+    }
+    if (res != gcommInvalidArgument) tlFail("returned %s", gcommGetErrorString(res));
+    tlReport("bad %s is gcommInvalidArgument", nulls[i].what);
+  }
+
+  gcommConfig_t config = GCOMM_CONFIG_INITIALIZER;
+  gcommComm_t bad = NULL;
+  config.magic = 0;
+  gcommResult_t res = gcommCommInitMPI(&bad, MPI_COMM_WORLD, &config);
+  if (res != gcommInvalidArgument) tlFail("config.magic = 0 gave %s", gcommGetErrorString(res));
+  if (res == gcommSuccess && bad) gcommCommDestroy(bad);
+  tlReport("bad config (magic 0) is gcommInvalidArgument");
+
+  res = gcommGroupEnd();
+  if (res != gcommInvalidUsage) tlFail("returned %s", gcommGetErrorString(res));
+  tlReport("bad gcommGroupEnd without gcommGroupStart is gcommInvalidUsage");
+
+  for (Func f = 0; f < F_RECV; f++) { /* F_SEND: a send to self and a receive from self */
+    Args a = {NULL, NULL, 0, gcommFloat32, gcommMax, 0, tlRank, comm};
+    if (f == F_SEND) {
+      TL_OK(comm, gcommGroupStart());
+      TL_OK(comm, call(F_SEND, &a));
+      TL_OK(comm, call(F_RECV, &a));
+      TL_OK(comm, gcommGroupEnd());
+    } else {
+      TL_OK(comm, call(f, &a));
+    }
+    TL_OK(comm, gcommWait(comm, NULL));
+    tlReport("count 0 with NULL buffers is fine: %s",
+             f == F_SEND ? "gcommSend/gcommRecv" : funcNames[f]);
+  }
+
+  const char* seen[gcommNumResults];
+  for (int r = 0; r < gcommNumResults; r++) {
+    seen[r] = gcommGetErrorString((gcommResult_t)r);
+    if (!seen[r] || !*seen[r]) tlFail("code %d has no string", r);
+    for (int q = 0; q < r && !tlLocalFailed; q++)
+      if (!strcmp(seen[q], seen[r]))
+        tlFail("codes %d and %d share the string \"%s\"", q, r, seen[r]);
+  }
+  const char* unknown = gcommGetErrorString((gcommResult_t)99);
+  if (!unknown || !*unknown) tlFail("code 99 has no string");
+  tlReport("gcommGetErrorString: a distinct string for every code, one for an unknown code");
+}
+
+/* ---- Abort and timeout ---- */
+
+typedef struct {
+  gcommComm_t comm;
+  double delayMs, abortedAt;
+  gcommResult_t res;
+} Aborter;
+
+static void* abortLater(void* arg) {
+  Aborter* a = arg;
+  tlSleepMs(a->delayMs);
+  a->abortedAt = tlNow();
+  a->res = gcommCommAbort(a->comm);
+  return NULL;
+}
+
+/* Rank 0 waits on a receive from a peer that never sends (with one rank, itself). */
+static void testAbort(int proxyMode, const char* what) {
+  gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, "GCOMM_TIMEOUT_MS=30000", proxyMode);
+  if (!tlReport("abort [%s]: init", what)) return;
+  static int32_t buf[1031];
+  if (tlRank == 0) {
+    Aborter ab = {comm, 50, 0, gcommInternalError};
+    pthread_t thread;
+    TL_OK(comm, gcommRecv(buf, 1031, gcommInt32, tlNranks > 1 ? 1 : 0, comm, NULL));
+    pthread_create(&thread, NULL, abortLater, &ab);
+    gcommResult_t res = gcommWait(comm, NULL);
+    double returned = tlNow();
+    pthread_join(thread, NULL);
+    gcommResult_t async = gcommSuccess;
+    TL_OK(comm, gcommCommGetAsyncError(comm, &async));
+    if (ab.res != gcommSuccess)
+      tlFail("gcommCommAbort returned %s", gcommGetErrorString(ab.res));
+    else if (res != gcommAborted)
+      tlFail("gcommWait returned %s", gcommGetErrorString(res));
+    else if (returned - ab.abortedAt > 1.0)
+      tlFail("gcommWait returned %.2f s after the abort", returned - ab.abortedAt);
+    else if (async != gcommAborted)
+      tlFail("gcommCommGetAsyncError gives %s after the abort", gcommGetErrorString(async));
+  }
+  tlReport("abort [%s]: gcommWait returns gcommAborted within 1 s of gcommCommAbort", what);
+  tlBarrier(MPI_COMM_WORLD);
+  tlCommDestroy(comm);
+  tlReport("abort [%s]: destroy after abort", what);
+}
+
+/* Does msg name rank peer ("peer 1", "rank 1", "peer=1", ...)? */
+static int namesPeer(const char* msg, int peer) {
+  char num[16];
+  snprintf(num, sizeof(num), "%d", peer);
+  for (const char* p = msg; *p; p++) {
+    if (strncasecmp(p, "peer", 4) && strncasecmp(p, "rank", 4)) continue;
+    const char* q = p + 4;
+    for (int skip = 0; skip < 4 && *q && !isdigit((unsigned char)*q); skip++) q++;
+    if (!strncmp(q, num, strlen(num)) && !isdigit((unsigned char)q[strlen(num)])) return 1;
+  }
+  return 0;
+}
+
+static void testTimeout(int proxyMode, const char* what) {
+  gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, "GCOMM_TIMEOUT_MS=300", proxyMode);
+  if (!tlReport("timeout [%s]: init", what)) return;
+  static int32_t buf[1031];
+  int peer = tlNranks > 1 ? 1 : 0;
+  if (tlRank == 0) {
+    TL_OK(comm, gcommRecv(buf, 1031, gcommInt32, peer, comm, NULL));
+    double start = tlNow();
+    gcommResult_t res = gcommWait(comm, NULL);
+    double took = tlNow() - start;
+    const char* msg = gcommGetLastError(comm);
+    if (res != gcommTimeout && res != gcommRemoteError)
+      tlFail("gcommWait returned %s", gcommGetErrorString(res));
+    else if (took > 5.0 || took < 0.25)
+      tlFail("gcommWait returned after %.2f s with GCOMM_TIMEOUT_MS=300", took);
+    else if (!namesPeer(msg, peer))
+      tlFail("the message does not name peer %d: \"%s\"", peer, msg);
+  }
+  tlReport("timeout [%s]: an unmatched receive fails within seconds, naming the peer", what);
+  tlBarrier(MPI_COMM_WORLD);
+  double start = tlNow();
+  gcommResult_t res = gcommCommDestroy(comm);
+  if (res != gcommSuccess && res != gcommTimeout && res != gcommRemoteError)
+    tlFail("gcommCommDestroy returned %s", gcommGetErrorString(res));
+  if (tlNow() - start > 5.0) tlFail("gcommCommDestroy took %.2f s", tlNow() - start);
+  tlReport("timeout [%s]: destroy returns promptly after the timeout", what);
+}
+
+int main(int argc, char** argv) {
+  tlInit(&argc, &argv);
+  gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, "", -1);
+  if (tlReport("errors: init")) {
+    for (Bad b = 0; b < NBADS; b++)
+      for (Func f = 0; f < NFUNCS; f++)
+        if (bads[b].funcs & FN(f)) testBad(comm, b, f);
+    testMisc(comm);
+    tlCommDestroy(comm);
+    tlReport("errors: destroy");
+  }
+  testAbort(GCOMM_PROXY_POLL, "poll");
+  testAbort(GCOMM_PROXY_THREAD, "thread");
+  testTimeout(-1, "thread");
+  testTimeout(GCOMM_PROXY_POLL, "poll");
+  return tlFinish("test_errors");
+}
