@@ -81,6 +81,10 @@ $(BUILD)/test/%: test/%.c $(BUILD)/libgcomm.a gcomm.h $(wildcard test/*.h)
 test: all
 	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/run.sh
 
+# the network transport between pretend nodes (make OFI=1 BUILD=build-ofi test-net)
+test-net: all
+	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/test_net.sh
+
 run: $(BUILD)/gcomm_perf
 	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
 
@@ -90,7 +94,7 @@ format:
 clean:
 	rm -rf $(BUILD)
 
-.PHONY: all test run format clean
+.PHONY: all test test-net run format clean
 .PRECIOUS: $(BUILD)/obj/%.o
 
 # GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1 NCCL_HOME=...]
