@@ -23,7 +23,10 @@
 #include <unistd.h>
 
 #include "gcomm_internal.h"
-#ifdef GCOMM_CUDA
+#if defined(GCOMM_CUDA) || defined(GCOMM_HIP) /* the GPU engine, either platform */
+#define GCOMM_GPU 1
+#endif
+#ifdef GCOMM_GPU
 #include "gcomm_device.h"
 #endif
 
@@ -821,7 +824,7 @@ static gcommResult_t checkConfig(const gcommConfig_t* config) {
       (config->nChannels < 1 || config->nChannels > 32))
     return GCOMM_ERROR(NULL, gcommInvalidArgument, -1, "config->nChannels %d is not in 1..32",
                        config->nChannels);
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   if (config->device != GCOMM_CONFIG_UNDEF_INT && config->device < GCOMM_DEVICE_HOST)
     return GCOMM_ERROR(NULL, gcommInvalidArgument, -1,
                        "config->device %d is neither a CUDA device nor GCOMM_DEVICE_HOST",
@@ -853,7 +856,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   if (comm->name[0] == 0)
     snprintf(comm->name, sizeof(comm->name), "comm%d",
              __atomic_fetch_add(&commCounter, 1, __ATOMIC_RELAXED));
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   GCOMM_CHECK(agree(comm, gcommDeviceSelect(comm, config), "GPU selection"));
   /* a GPU communicator wants more channels (blocks) and bigger slots than the host executor */
   if (comm->device >= 0 && getenv("GCOMM_NCHANNELS") == NULL &&
@@ -864,7 +867,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   comm->nChannels = comm->params.nChannels;
   /* lanes [0, nChannels) carry collectives, [nChannels, nChannels + nP2pChannels) point-to-point */
   comm->nP2pChannels = comm->nChannels;
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   /* one launch holds GCOMM_DEV_MAX_WORKS works (blocks): keep a group that sends to and receives
    * from every other rank once, each split over every p2p channel, inside one launch (a split
    * launch may deadlock). This also bounds the GPU FIFO memory of the p2p lanes. */
@@ -884,7 +887,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   card.device = comm->device;
   gethostname(card.host, sizeof(card.host) - 1);
   gcommResult_t res = gcommShmCreate(comm, &card);
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   if (res == gcommSuccess && comm->device >= 0) res = gcommDeviceSetup(comm, &card);
 #endif
   GCOMM_CHECK(agree(comm, res, "shared-memory setup"));
@@ -928,7 +931,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
 #ifdef GCOMM_OFI
   GCOMM_CHECK(agree(comm, gcommNetSetup(comm), "network setup"));
 #endif
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   res = comm->device >= 0 ? gcommDeviceConnect(comm) : gcommSuccess;
   GCOMM_CHECK(agree(comm, res, "GPU IPC connection"));
 #endif
@@ -959,7 +962,7 @@ static void commFree(gcommComm_t comm) {
     pthread_join(comm->thread, NULL);
   }
   if (comm->queues) drainAll(comm); /* frees whatever never ran */
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   gcommDeviceFree(comm);
 #endif
   gcommShmFree(comm);
@@ -1048,7 +1051,7 @@ gcommResult_t gcommCommSplit(gcommComm_t comm, int color, int key, gcommComm_t* 
   if (config == NULL) {
     inherited.proxyMode = comm->params.proxyMode;
     inherited.nChannels = comm->nChannels;
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
     inherited.device = comm->device;
 #endif
     config = &inherited;
@@ -1062,7 +1065,7 @@ gcommResult_t gcommCommSplit(gcommComm_t comm, int color, int key, gcommComm_t* 
 gcommResult_t gcommCommAbort(gcommComm_t comm) {
   GCOMM_CHECK(checkComm(comm, __func__));
   __atomic_store_n(&comm->abortFlag, 1, __ATOMIC_RELEASE);
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   gcommDeviceAbort(comm); /* kernels poll it */
 #endif
   setAsyncError(comm, gcommAborted);
@@ -1078,7 +1081,7 @@ gcommResult_t gcommCommAbort(gcommComm_t comm) {
 gcommResult_t gcommCommDestroy(gcommComm_t comm) {
   GCOMM_CHECK(checkComm(comm, __func__));
   gcommResult_t res = gcommSuccess;
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   if (comm->device >= 0) gcommDeviceQuiesce(comm); /* the GPU's work, then every rank's */
   else
 #endif
@@ -1166,7 +1169,7 @@ static int chooseChannels(gcommComm_t comm, int func, size_t bytes) {
   int isP2p = func == gcommFuncSend || func == gcommFuncRecv;
   size_t maxCh = (size_t)(isP2p ? comm->nP2pChannels : comm->nChannels);
   size_t perChannel = 4 * comm->slotBytes;
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   if (comm->device >= 0) perChannel = 32 * 1024; /* a block per channel: cheap to add */
 #endif
   size_t nc = bytes / perChannel;
@@ -1274,7 +1277,7 @@ static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* wher
   if (outCount > 0 && op->recvbuff == NULL)
     return BAD("recvbuff is NULL but %s receives %zu elements into it on rank %d",
                funcNames[op->func], outCount, comm->rank);
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   if (comm->device >= 0) {
     if (inCount > 0 && gcommDeviceBadPointer(op->sendbuff))
       return BAD("sendbuff %p is host memory the GPU cannot use (a GPU communicator)", op->sendbuff);
@@ -1378,7 +1381,7 @@ static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
               typeNames[op->datatype], opNames[op->redop],
               op->func >= gcommFuncSend ? op->peer : op->root, algoNames[op->algo],
               op->nChannels, op->nWorks);
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   if (comm->device >= 0) { /* a GPU communicator launches (now, or at the group's end) */
     if (op->nWorks == 0) {
       free(op);
@@ -1433,7 +1436,7 @@ gcommResult_t gcommGroupEnd(void) {
     gcommOp_t* tail = NULL;
     for (gcommOp_t* op = comm->groupHead; op; op = op->next) count++, tail = op;
     gcommResult_t r;
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
     if (comm->device >= 0) {
       r = gcommDeviceLaunch(comm, comm->groupHead, count, comm->groupStream);
       for (gcommOp_t *op = comm->groupHead, *next; op; op = next) next = op->next, free(op);
@@ -1537,7 +1540,7 @@ static gcommResult_t finalResult(gcommComm_t comm, const char* where) {
 
 gcommResult_t gcommTest(gcommComm_t comm, gcommStream_t stream) {
   GCOMM_CHECK(checkComm(comm, __func__));
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   if (comm->device >= 0) return gcommDeviceTest(comm, stream, __func__);
 #endif
   if (stream != NULL)
@@ -1550,7 +1553,7 @@ gcommResult_t gcommTest(gcommComm_t comm, gcommStream_t stream) {
 
 gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
   GCOMM_CHECK(checkComm(comm, __func__));
-#ifdef GCOMM_CUDA
+#ifdef GCOMM_GPU
   if (comm->device >= 0) return gcommDeviceWait(comm, stream, __func__);
 #endif
   if (stream != NULL)
