@@ -17,7 +17,7 @@ LDFLAGS += -fsanitize=address,undefined
 endif
 
 LIB_SRC  = gcomm.c transports/shm.c
-LIB_HDR  = gcomm.h gcomm_internal.h gcomm_sched.h gcomm_reduce.h gcomm_device.h
+LIB_HDR  = gcomm.h gcomm_internal.h gcomm_sched.h gcomm_reduce.h gcomm_device.h gcomm_gpu.h
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 
 ifeq ($(CUDA),1)
@@ -33,8 +33,17 @@ LIB_OBJ   += $(BUILD)/obj/gcomm_kernels.o
 endif
 ifeq ($(HIP),1)
 HIPCC     ?= hipcc
-HIP_ARCH  ?= gfx90a gfx942
-HIPFLAGS  += -O3 -fPIC -Wall -Wextra -Werror $(foreach a,$(HIP_ARCH),--offload-arch=$(a)) -I.
+# gfx90a (MI200) and gfx942 (MI300); Debian bookworm's hipcc 5.2 (clang 15) does not know gfx942:
+# then gfx90a alone, with a warning (HIP_ARCH="..." to choose)
+ifeq ($(origin HIP_ARCH),undefined)
+HIP_ARCH  := gfx90a $(shell $(HIPCC) --offload-arch=gfx942 -x hip --cuda-device-only -E /dev/null \
+                        >/dev/null 2>&1 && echo gfx942)
+HIP_ARCH  := $(strip $(HIP_ARCH))
+ifeq ($(filter gfx942,$(HIP_ARCH)),)
+$(warning $(HIPCC) does not know gfx942 (MI300): building for $(HIP_ARCH) only)
+endif
+endif
+HIPFLAGS  += -O3 -std=c++17 -fPIC -Wall -Wextra -Werror $(foreach a,$(HIP_ARCH),--offload-arch=$(a)) -I.
 CFLAGS    += -DGCOMM_HIP -D__HIP_PLATFORM_AMD__
 LDLIBS    += -lamdhip64
 LIB_SRC   += transports/p2p.c
@@ -61,7 +70,7 @@ $(BUILD)/obj/%.o: %.c $(LIB_HDR)
 $(BUILD)/obj/gcomm_kernels.o: gcomm_kernels.cu $(LIB_HDR)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-$(BUILD)/obj/gcomm_kernels_hip.o: gcomm_kernels.hip $(LIB_HDR)
+$(BUILD)/obj/gcomm_kernels_hip.o: gcomm_kernels.hip gcomm_kernels.cu $(LIB_HDR)
 	@mkdir -p $(dir $@)
 	$(HIPCC) $(HIPFLAGS) -c $< -o $@
 

@@ -1,6 +1,6 @@
 /*
- * gcomm_device.h - the GPU engine's internal interface (CUDA builds only: gcomm.c includes it
- * under #ifdef GCOMM_CUDA). transports/p2p.c owns the connection FIFOs in GPU memory, shared with
+ * gcomm_device.h - the GPU engine's internal interface (GPU builds only, CUDA or HIP: gcomm.c
+ * includes it under #ifdef GCOMM_GPU; gcomm_gpu.h maps the cuda* names below to hip* for HIP). transports/p2p.c owns the connection FIFOs in GPU memory, shared with
  * the other local ranks through CUDA IPC; gcomm_kernels.cu runs the schedules of gcomm_sched.h
  * over them, one block per queue (a collective channel, or one point-to-point channel of one
  * direction to one peer: a Send/Recv is split over up to nP2pChannels of them).
@@ -82,7 +82,7 @@ int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream);
 #endif
 
 /* transports/p2p.c (C only: it needs the communicator) */
-#ifndef __CUDACC__
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
 #include "gcomm_internal.h"
 /* Picks the device (config->device, or the current device when undefined and a GPU exists);
  * sets comm->device, GCOMM_DEVICE_HOST for a host communicator. */

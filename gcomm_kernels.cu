@@ -9,32 +9,20 @@
  * vector accesses where aligned; every thread fences its stores at system scope; thread 0 then
  * publishes the counters (release stores). Simple protocol only.
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "gcomm_device.h"
+#include "gcomm_gpu.h" /* CUDA or HIP (gcomm_kernels.hip compiles this file with hipcc) */
 #include "gcomm_reduce.h"
 
 /* gcomm.h needs <mpi.h>, which nvcc may not find: the few values used here, as gcomm.h has them */
 enum { gcommSum = 0, gcommProd = 1, gcommMax = 2, gcommMin = 3, gcommAvg = 4 };
 enum { gcommInvalidUsage = 2, gcommTimeout = 7, gcommAborted = 8 };
 
-/* ---- memory-model helpers ---- */
-static __device__ __forceinline__ uint64_t ldAcquire(volatile uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-static __device__ __forceinline__ void stRelease(volatile uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-static __device__ __forceinline__ uint64_t globalTimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+/* ---- memory-model helpers (gcomm_gpu.h: PTX on CUDA, HIP atomics on ROCm) ---- */
+#define ldAcquire gcommGpuLdAcquire
+#define stRelease gcommGpuStRelease
+#define globalTimer gcommGpuTimerNs
 
 /* ---- element types and operators (gcomm_reduce.h semantics) ---- */
 enum { K_INT, K_FLT, K_HALF, K_BF16 };
@@ -51,12 +39,12 @@ template <> struct Dt<8> { typedef double S; typedef double U; enum { K = K_FLT 
 template <> struct Dt<9> { typedef uint16_t S; typedef uint16_t U; enum { K = K_BF16 }; };
 
 template <int K> static __device__ __forceinline__ float toF(uint16_t h) {
-  if constexpr (K == K_HALF) return __half2float(__ushort_as_half(h));
-  else return __bfloat162float(__ushort_as_bfloat16(h));
+  if constexpr (K == K_HALF) return gcommGpuHalfToF(h);
+  else return gcommGpuBf16ToF(h);
 }
 template <int K> static __device__ __forceinline__ uint16_t fromF(float f) {
-  if constexpr (K == K_HALF) return __half_as_ushort(__float2half_rn(f));
-  else return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  if constexpr (K == K_HALF) return gcommGpuFToHalf(f);
+  else return gcommGpuFToBf16(f);
 }
 
 template <int DT, int OP>
@@ -104,7 +92,7 @@ static __device__ __forceinline__ bool al(const void* p, uintptr_t a) {
 }
 
 /* FIFO reads bypass L1: a slot is rewritten by the peer every GCOMM_STEPS steps. */
-static __device__ __forceinline__ uint4 ldFifo(const uint4* p) { return __ldcv(p); }
+static __device__ __forceinline__ uint4 ldFifo(const uint4* p) { return gcommGpuLdFifo(p); }
 
 #ifndef UNROLL
 #define UNROLL 4

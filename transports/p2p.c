@@ -1,6 +1,7 @@
 /*
  * transports/p2p.c - connections between GPUs of one node through CUDA IPC, and the host side
- * of the GPU engine: device selection, launches, stream waits, teardown.
+ * of the GPU engine: device selection, launches, stream waits, teardown. The HIP build (HIP=1)
+ * compiles this same file: gcomm_gpu.h maps the cuda* names to hip* (hipIpcGetMemHandle, ...).
  *
  * Each rank allocates one region in its GPU's memory (layout in gcomm_device.h) holding the FIFOs
  * it receives on, the head counters of the FIFOs it sends on, and its own step counters. The
@@ -9,7 +10,6 @@
  * between different GPUs; two ranks on one GPU need nothing more). After init no MPI is used:
  * kernels talk through the FIFOs alone.
  */
-#include <cuda_runtime_api.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "gcomm_device.h"
+#include "gcomm_gpu.h" /* CUDA, or HIP (GCOMM_HIP) under the same cuda* names */
 
 struct gcommDev {
   char* region;            /* this rank's region (cudaMalloc) */
@@ -82,7 +83,7 @@ gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card) {
   d->headOff = d->fifoBytes * nLocal * nLanes;
   d->stepOff = d->headOff + GCOMM_DEV_HEAD_BYTES * nLocal * nLanes;
   d->regionBytes = d->stepOff + 2 * sizeof(uint64_t) * nLanes * comm->nranks;
-  CUDA_CHECK(comm, -1, cudaMalloc((void**)&d->region, d->regionBytes));
+  CUDA_CHECK(comm, -1, gcommGpuMallocFifo((void**)&d->region, d->regionBytes));
   /* only the counters need zeros; the slots are written before they are read */
   for (size_t i = 0; i < nLocal * nLanes; i++)
     CUDA_CHECK(comm, -1, cudaMemset(d->region + i * d->fifoBytes, 0, GCOMM_DEV_FIFO_HDR));
@@ -321,7 +322,7 @@ int gcommDeviceBadPointer(const void* ptr) {
     cudaGetLastError();
     return 1;
   }
-  return at.type == cudaMemoryTypeUnregistered;
+  return gcommGpuPtrUnregistered(at);
 }
 
 void gcommDeviceQuiesce(gcommComm_t comm) {

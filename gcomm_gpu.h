@@ -1,0 +1,174 @@
+/*
+ * gcomm_gpu.h - the thin portability layer between CUDA and HIP (ROCm).
+ *
+ * One source serves both: gcomm_kernels.cu (nvcc) and gcomm_kernels.hip (hipcc: a few lines that
+ * include this header and gcomm_kernels.cu), transports/p2p.c (the C compiler, with GCOMM_CUDA or
+ * GCOMM_HIP). Under HIP the cuda* runtime names used by gcomm map to their hip* twins here; what has
+ * no twin (the memory-model primitives, the global timer, FIFO loads, the fine-grained FIFO
+ * allocation, the pointer-type field) is a gcommGpu* name with one definition per platform.
+ *
+ * Nothing in the kernels assumes a warp of 32 lanes (no shuffles, votes or lane masks): a block
+ * of GCOMM_DEV_THREADS works alike in waves of 64.
+ */
+#ifndef GCOMM_GPU_H
+#define GCOMM_GPU_H
+
+#include <stdint.h>
+
+#if defined(GCOMM_HIP) || defined(__HIPCC__)
+#ifndef __HIP_PLATFORM_AMD__
+#define __HIP_PLATFORM_AMD__
+#endif
+#ifndef GCOMM_HIP
+#define GCOMM_HIP 1
+#endif
+#endif
+
+#ifdef GCOMM_HIP
+/* ======================================== HIP ======================================== */
+#if defined(__HIPCC__)
+#include <hip/hip_fp16.h>
+#include <hip/hip_runtime.h>
+#else
+#include <hip/hip_runtime_api.h>
+#endif
+
+#define cudaError_t hipError_t
+#define cudaSuccess hipSuccess
+#define cudaErrorNotReady hipErrorNotReady
+#define cudaStream_t hipStream_t
+#define cudaGetErrorName hipGetErrorName
+#define cudaGetErrorString hipGetErrorString
+#define cudaGetLastError hipGetLastError
+#define cudaGetDeviceCount hipGetDeviceCount
+#define cudaGetDevice hipGetDevice
+#define cudaSetDevice hipSetDevice
+#define cudaDeviceSynchronize hipDeviceSynchronize
+#define cudaDeviceCanAccessPeer hipDeviceCanAccessPeer
+#define cudaMalloc hipMalloc
+#define cudaFree hipFree
+#define cudaMemset hipMemset
+#define cudaMemcpy hipMemcpy
+#define cudaMemcpyHostToDevice hipMemcpyHostToDevice
+/* polled by the kernels: mapped and coherent (hipHostMalloc's default may be non-coherent) */
+#define cudaHostAlloc hipHostMalloc
+#define cudaHostAllocMapped (hipHostMallocMapped | hipHostMallocCoherent)
+#define cudaHostGetDevicePointer hipHostGetDevicePointer
+#define cudaFreeHost hipHostFree
+#define cudaIpcMemHandle_t hipIpcMemHandle_t
+#define cudaIpcGetMemHandle hipIpcGetMemHandle
+#define cudaIpcOpenMemHandle hipIpcOpenMemHandle
+#define cudaIpcCloseMemHandle hipIpcCloseMemHandle
+#define cudaIpcMemLazyEnablePeerAccess hipIpcMemLazyEnablePeerAccess
+#define cudaStreamQuery hipStreamQuery
+#define cudaPointerAttributes hipPointerAttribute_t /* a struct tag too */
+#define cudaPointerGetAttributes hipPointerGetAttributes
+
+/* The FIFO region, polled across GPUs while kernels run: coarse-grained memory (hipMalloc) is
+ * only coherent at kernel boundaries, so fine-grained (uncached where the runtime has it). */
+#ifdef hipDeviceMallocUncached
+#define gcommGpuMallocFifo(p, n) hipExtMallocWithFlags((p), (n), hipDeviceMallocUncached)
+#else
+#define gcommGpuMallocFifo(p, n) hipExtMallocWithFlags((p), (n), hipDeviceMallocFinegrained)
+#endif
+
+/* Plain host memory: HIP 5.x fails hipPointerGetAttributes (caught by the caller); HIP 6 has
+ * the CUDA-like .type and hipMemoryTypeUnregistered. */
+#if HIP_VERSION_MAJOR >= 6
+#define gcommGpuPtrUnregistered(at) ((at).type == hipMemoryTypeUnregistered)
+#else
+#define gcommGpuPtrUnregistered(at) ((void)(at), 0)
+#endif
+
+#if defined(__HIPCC__)
+#include "gcomm_reduce.h" /* gcommBf16ToFloat, gcommFloatToBf16 */
+
+#define __grid_constant__ /* HIP: kernel arguments are constant already */
+
+/* s_memrealtime counts at a constant rate: 100 MHz on gfx90a (MI200) and gfx94x (MI300).
+ * HIP 5.2 cannot query it (hipDeviceAttributeWallClockRate came later): -D to change. */
+#ifndef GCOMM_HIP_WALLCLOCK_HZ
+#define GCOMM_HIP_WALLCLOCK_HZ 100000000ull
+#endif
+
+static __device__ __forceinline__ uint64_t gcommGpuLdAcquire(volatile uint64_t* p) {
+  return __hip_atomic_load((uint64_t*)p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+static __device__ __forceinline__ void gcommGpuStRelease(volatile uint64_t* p, uint64_t v) {
+  __hip_atomic_store((uint64_t*)p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+static __device__ __forceinline__ uint64_t gcommGpuTimerNs() {
+#ifdef __HIP_DEVICE_COMPILE__ /* wall_clock64() is declared for the device pass only */
+  return (uint64_t)wall_clock64() * (1000000000ull / GCOMM_HIP_WALLCLOCK_HZ);
+#else
+  return 0;
+#endif
+}
+/* A FIFO slot is rewritten by the peer: load around the (non-coherent) L1. System-scope relaxed
+ * atomic loads do that on gfx90a/gfx94x (glc / sc bits), two 8-byte halves. */
+static __device__ __forceinline__ uint4 gcommGpuLdFifo(const uint4* p) {
+  uint64_t* q = (uint64_t*)p;
+  uint64_t lo = __hip_atomic_load(q, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+  uint64_t hi = __hip_atomic_load(q + 1, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+  uint4 v;
+  v.x = (unsigned)lo;
+  v.y = (unsigned)(lo >> 32);
+  v.z = (unsigned)hi;
+  v.w = (unsigned)(hi >> 32);
+  return v;
+}
+static __device__ __forceinline__ float gcommGpuHalfToF(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+static __device__ __forceinline__ uint16_t gcommGpuFToHalf(float f) {
+  return __half_as_ushort(__float2half_rn(f));
+}
+/* HIP 5.2 has no __hip_bfloat16 intrinsics: gcomm_reduce.h's conversions (round to nearest even) */
+static __device__ __forceinline__ float gcommGpuBf16ToF(uint16_t h) { return gcommBf16ToFloat(h); }
+static __device__ __forceinline__ uint16_t gcommGpuFToBf16(float f) { return gcommFloatToBf16(f); }
+#endif /* __HIPCC__ */
+
+#else
+/* ======================================== CUDA ======================================== */
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#else
+#include <cuda_runtime_api.h>
+#endif
+
+#define gcommGpuMallocFifo(p, n) cudaMalloc((p), (n))
+#define gcommGpuPtrUnregistered(at) ((at).type == cudaMemoryTypeUnregistered)
+
+#if defined(__CUDACC__)
+static __device__ __forceinline__ uint64_t gcommGpuLdAcquire(volatile uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+static __device__ __forceinline__ void gcommGpuStRelease(volatile uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+static __device__ __forceinline__ uint64_t gcommGpuTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+static __device__ __forceinline__ uint4 gcommGpuLdFifo(const uint4* p) { return __ldcv(p); }
+static __device__ __forceinline__ float gcommGpuHalfToF(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+static __device__ __forceinline__ uint16_t gcommGpuFToHalf(float f) {
+  return __half_as_ushort(__float2half_rn(f));
+}
+static __device__ __forceinline__ float gcommGpuBf16ToF(uint16_t h) {
+  return __bfloat162float(__ushort_as_bfloat16(h));
+}
+static __device__ __forceinline__ uint16_t gcommGpuFToBf16(float f) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+#endif /* __CUDACC__ */
+#endif /* GCOMM_HIP */
+
+#endif /* GCOMM_GPU_H */
