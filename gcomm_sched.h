@@ -177,6 +177,29 @@ GCOMM_HD int gcommDirectPeer(int rank, int n, long t, int* sending) {
   return gcommMod(rank - (int)(t - n + 1), n);
 }
 
+/* A direct reduction: send block p of the input to each rank p, copy this rank's own block to the
+ * output, then reduce what every other rank sent into the output (blk: elements between blocks;
+ * 0 when every rank reduces the whole range, as the one-shot AllReduce does). */
+GCOMM_HD void gcommDirectReduce(int r, int n, long t, size_t blk, size_t off, gcommStep_t* st) {
+  int sending, p = gcommDirectPeer(r, n, t, &sending);
+  st->srcOff = st->dstOff = off;
+  if (sending) {
+    st->src = GCOMM_BUF_IN;
+    st->srcOff = p * blk + off;
+    st->sendPeer[0] = p;
+  } else if (p == r) {
+    st->src = GCOMM_BUF_IN;
+    st->srcOff = r * blk + off;
+    st->dst = GCOMM_BUF_OUT;
+  } else {
+    st->recvPeer[0] = p;
+    st->src = GCOMM_BUF_OUT;
+    st->reduce = 1;
+    st->dst = GCOMM_BUF_OUT;
+    st->postOp = t == 2 * n - 2;
+  }
+}
+
 /* Step number `step` (0 <= step < gcommSchedNumSteps) of this rank. */
 GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* st) {
   int n = s->nranks, r = s->rank;
@@ -237,20 +260,7 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
         up.root = 0;
         gcommTreeStep(&up, t == 0, GCOMM_BUF_OUT, off, c, st);
       } else {
-        p = gcommDirectPeer(r, n, t, &sending);
-        if (sending) {
-          st->src = GCOMM_BUF_IN;
-          st->sendPeer[0] = p;
-        } else if (p == r) {
-          st->src = GCOMM_BUF_IN;
-          st->dst = GCOMM_BUF_OUT;
-        } else {
-          st->recvPeer[0] = p;
-          st->src = GCOMM_BUF_OUT;
-          st->reduce = 1;
-          st->dst = GCOMM_BUF_OUT;
-          st->postOp = t == 2 * n - 2;
-        }
+        gcommDirectReduce(r, n, t, 0, off, st); /* one-shot: every block is the whole range */
       }
       return;
 
@@ -342,22 +352,7 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
           st->postOp = 1;
         }
       } else {
-        p = gcommDirectPeer(r, n, t, &sending);
-        if (sending) {
-          st->src = GCOMM_BUF_IN;
-          st->srcOff = p * R + off;
-          st->sendPeer[0] = p;
-        } else if (p == r) {
-          st->src = GCOMM_BUF_IN;
-          st->srcOff = r * R + off;
-          st->dst = GCOMM_BUF_OUT;
-        } else {
-          st->recvPeer[0] = p;
-          st->src = GCOMM_BUF_OUT;
-          st->reduce = 1;
-          st->dst = GCOMM_BUF_OUT;
-          st->postOp = t == 2 * n - 2;
-        }
+        gcommDirectReduce(r, n, t, R, off, st);
       }
       return;
 
