@@ -98,7 +98,7 @@ run: $(BUILD)/gcomm_perf
 	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
 
 format:
-	clang-format -i gcomm.h gcomm.c gcomm_*.h transports/*.c examples/*.c test/*.c test/*.h
+	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c examples/*.c test/*.c test/*.h test/gpu/*.c
 
 clean:
 	rm -rf $(BUILD)

@@ -43,16 +43,15 @@ typedef struct {
   const char* name;
   const char* defaultValue;
   int kind;
-  int offset;                  /* into gcommParams_t, -1 for the process-wide logging knobs */
-  const char* const* choices;  /* PARAM_ENUM */
-  int64_t min, max;            /* PARAM_INT, PARAM_SIZE */
+  int offset;                 /* into gcommParams_t, -1 for the process-wide logging knobs */
+  const char* const* choices; /* PARAM_ENUM */
+  int64_t min, max;           /* PARAM_INT, PARAM_SIZE */
   const char* doc;
 } gcommParamDef_t;
 
 #define PARAM_AT(field) ((int)offsetof(gcommParams_t, field))
 static const gcommParamDef_t paramTable[] = {
-    {"GCOMM_DEBUG", "WARN", PARAM_LOG, -1, NULL, 0, 0,
-     "log level: NONE, WARN, INFO or TRACE"},
+    {"GCOMM_DEBUG", "WARN", PARAM_LOG, -1, NULL, 0, 0, "log level: NONE, WARN, INFO or TRACE"},
     {"GCOMM_DEBUG_SUBSYS", "ALL", PARAM_LOG, -1, NULL, 0, 0,
      "comma list of INIT, COLL, P2P, PROXY, NET, SHM, TUNING, ENV, ALL; ^ excludes"},
     {"GCOMM_DEBUG_FILE", "", PARAM_LOG, -1, NULL, 0, 0,
@@ -117,15 +116,19 @@ static int paramSet(gcommParams_t* p, const gcommParamDef_t* d, const char* text
     case PARAM_INT:
     case PARAM_SIZE:
       if (parseInt(text, &v) != 0 || v < d->min || v > d->max) return -1;
-      if (d->offset == PARAM_AT(nChannels)) *(int*)field = (int)v;
-      else *(int64_t*)field = v;
+      if (d->offset == PARAM_AT(nChannels))
+        *(int*)field = (int)v;
+      else
+        *(int64_t*)field = v;
       return 0;
     case PARAM_ENUM:
       v = text[0] == 0 ? -1 : parseEnum(text, d->choices);
       if (text[0] != 0 && v < 0) return -1;
       *(int*)field = (int)v;
       return 0;
-    case PARAM_STR: *(const char**)field = text[0] ? text : NULL; return 0;
+    case PARAM_STR:
+      *(const char**)field = text[0] ? text : NULL;
+      return 0;
   }
   return -1;
 }
@@ -171,7 +174,7 @@ static pthread_mutex_t logLock = PTHREAD_MUTEX_INITIALIZER;
 static char hostName[64];
 static __thread char threadLastError[1024];
 
-static const char* const subsysNames[] = {"INIT", "COLL", "P2P",    "PROXY", "NET",
+static const char* const subsysNames[] = {"INIT", "COLL",   "P2P", "PROXY", "NET",
                                           "SHM",  "TUNING", "ENV", NULL};
 
 static void logInit(void) {
@@ -195,9 +198,12 @@ static void logInit(void) {
     char path[PATH_MAX];
     size_t n = 0;
     for (const char* c = file; *c && n < sizeof(path) - 32; c++) {
-      if (c[0] == '%' && c[1] == 'h') n += snprintf(path + n, sizeof(path) - n, "%s", hostName), c++;
-      else if (c[0] == '%' && c[1] == 'p') n += snprintf(path + n, sizeof(path) - n, "%d", (int)getpid()), c++;
-      else path[n++] = *c;
+      if (c[0] == '%' && c[1] == 'h')
+        n += snprintf(path + n, sizeof(path) - n, "%s", hostName), c++;
+      else if (c[0] == '%' && c[1] == 'p')
+        n += snprintf(path + n, sizeof(path) - n, "%d", (int)getpid()), c++;
+      else
+        path[n++] = *c;
     }
     path[n] = 0;
     logFile = fopen(path, "a");
@@ -261,17 +267,28 @@ gcommResult_t gcommSetError(gcommComm_t comm, gcommResult_t res, int peer, const
 
 const char* gcommGetErrorString(gcommResult_t result) {
   switch (result) {
-    case gcommSuccess: return "no error";
-    case gcommInvalidArgument: return "invalid argument";
-    case gcommInvalidUsage: return "invalid usage";
-    case gcommSystemError: return "system error";
-    case gcommInternalError: return "internal error";
-    case gcommDeviceError: return "device (CUDA/HIP) error";
-    case gcommRemoteError: return "remote error: another rank failed";
-    case gcommTimeout: return "timeout";
-    case gcommAborted: return "aborted";
-    case gcommInProgress: return "in progress";
-    default: return "unknown result code";
+    case gcommSuccess:
+      return "no error";
+    case gcommInvalidArgument:
+      return "invalid argument";
+    case gcommInvalidUsage:
+      return "invalid usage";
+    case gcommSystemError:
+      return "system error";
+    case gcommInternalError:
+      return "internal error";
+    case gcommDeviceError:
+      return "device (CUDA/HIP) error";
+    case gcommRemoteError:
+      return "remote error: another rank failed";
+    case gcommTimeout:
+      return "timeout";
+    case gcommAborted:
+      return "aborted";
+    case gcommInProgress:
+      return "in progress";
+    default:
+      return "unknown result code";
   }
 }
 
@@ -319,44 +336,44 @@ static uint64_t backoff(uint64_t* idleSince) {
 typedef void (*reduceFn_t)(void* dst, const void* a, const void* b, size_t n);
 typedef void (*divideFn_t)(void* buf, size_t n, int nranks);
 
-#define DEFINE_REDUCE(NAME, T, EXPR)                                                  \
-  static void NAME(void* dst, const void* a, const void* b, size_t n) {              \
-    T* d = (T*)dst;                                                                   \
-    const T* x = (const T*)a;                                                         \
-    const T* y = (const T*)b;                                                         \
-    for (size_t i = 0; i < n; i++) {                                                  \
-      T A = x[i], B = y[i];                                                           \
-      d[i] = (EXPR);                                                                  \
-    }                                                                                 \
+#define DEFINE_REDUCE(NAME, T, EXPR)                                    \
+  static void NAME(void* dst, const void* a, const void* b, size_t n) { \
+    T* d = (T*)dst;                                                     \
+    const T* x = (const T*)a;                                           \
+    const T* y = (const T*)b;                                           \
+    for (size_t i = 0; i < n; i++) {                                    \
+      T A = x[i], B = y[i];                                             \
+      d[i] = (EXPR);                                                    \
+    }                                                                   \
   }
 /* Integers: Sum and Prod in the unsigned type, so that overflow wraps instead of being UB. */
-#define DEFINE_INT(NAME, T, UT)                                                       \
-  DEFINE_REDUCE(NAME##Sum, T, (T)((UT)A + (UT)B))                                     \
-  DEFINE_REDUCE(NAME##Prod, T, (T)((UT)A * (UT)B))                                    \
-  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                                          \
-  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                                          \
-  static void NAME##Div(void* buf, size_t n, int nranks) {                            \
-    T* d = (T*)buf;                                                                   \
-    for (size_t i = 0; i < n; i++) d[i] = (T)(d[i] / (T)nranks);                     \
+#define DEFINE_INT(NAME, T, UT)                                  \
+  DEFINE_REDUCE(NAME##Sum, T, (T)((UT)A + (UT)B))                \
+  DEFINE_REDUCE(NAME##Prod, T, (T)((UT)A * (UT)B))               \
+  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                     \
+  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                     \
+  static void NAME##Div(void* buf, size_t n, int nranks) {       \
+    T* d = (T*)buf;                                              \
+    for (size_t i = 0; i < n; i++) d[i] = (T)(d[i] / (T)nranks); \
   }
-#define DEFINE_FLOAT(NAME, T)                                                         \
-  DEFINE_REDUCE(NAME##Sum, T, A + B)                                                  \
-  DEFINE_REDUCE(NAME##Prod, T, A* B)                                                  \
-  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                                          \
-  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                                          \
-  static void NAME##Div(void* buf, size_t n, int nranks) {                            \
-    T* d = (T*)buf;                                                                   \
-    for (size_t i = 0; i < n; i++) d[i] = d[i] / (T)nranks;                           \
+#define DEFINE_FLOAT(NAME, T)                               \
+  DEFINE_REDUCE(NAME##Sum, T, A + B)                        \
+  DEFINE_REDUCE(NAME##Prod, T, A* B)                        \
+  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                \
+  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                \
+  static void NAME##Div(void* buf, size_t n, int nranks) {  \
+    T* d = (T*)buf;                                         \
+    for (size_t i = 0; i < n; i++) d[i] = d[i] / (T)nranks; \
   }
 /* 16-bit floats: widen to float, combine, round once. */
-#define DEFINE_HALF(NAME, TOF, FROMF)                                                 \
-  DEFINE_REDUCE(NAME##Sum, uint16_t, FROMF(TOF(A) + TOF(B)))                          \
-  DEFINE_REDUCE(NAME##Prod, uint16_t, FROMF(TOF(A) * TOF(B)))                         \
-  DEFINE_REDUCE(NAME##Max, uint16_t, TOF(A) > TOF(B) ? A : B)                         \
-  DEFINE_REDUCE(NAME##Min, uint16_t, TOF(A) < TOF(B) ? A : B)                         \
-  static void NAME##Div(void* buf, size_t n, int nranks) {                            \
-    uint16_t* d = (uint16_t*)buf;                                                     \
-    for (size_t i = 0; i < n; i++) d[i] = FROMF(TOF(d[i]) / (float)nranks);           \
+#define DEFINE_HALF(NAME, TOF, FROMF)                                       \
+  DEFINE_REDUCE(NAME##Sum, uint16_t, FROMF(TOF(A) + TOF(B)))                \
+  DEFINE_REDUCE(NAME##Prod, uint16_t, FROMF(TOF(A) * TOF(B)))               \
+  DEFINE_REDUCE(NAME##Max, uint16_t, TOF(A) > TOF(B) ? A : B)               \
+  DEFINE_REDUCE(NAME##Min, uint16_t, TOF(A) < TOF(B) ? A : B)               \
+  static void NAME##Div(void* buf, size_t n, int nranks) {                  \
+    uint16_t* d = (uint16_t*)buf;                                           \
+    for (size_t i = 0; i < n; i++) d[i] = FROMF(TOF(d[i]) / (float)nranks); \
   }
 
 DEFINE_INT(i8, int8_t, uint8_t)
@@ -370,7 +387,8 @@ DEFINE_FLOAT(f32, float)
 DEFINE_FLOAT(f64, double)
 DEFINE_HALF(bf16, gcommBf16ToFloat, gcommFloatToBf16)
 
-#define REDUCE_ROW(NAME) {NAME##Sum, NAME##Prod, NAME##Max, NAME##Min, NAME##Sum}
+#define REDUCE_ROW(NAME) \
+  { NAME##Sum, NAME##Prod, NAME##Max, NAME##Min, NAME##Sum }
 static const reduceFn_t reduceTable[gcommNumTypes][gcommNumOps] = {
     REDUCE_ROW(i8),  REDUCE_ROW(u8),  REDUCE_ROW(i32), REDUCE_ROW(u32), REDUCE_ROW(i64),
     REDUCE_ROW(u64), REDUCE_ROW(f16), REDUCE_ROW(f32), REDUCE_ROW(f64), REDUCE_ROW(bf16)};
@@ -395,11 +413,11 @@ static char* opBuffer(const gcommOp_t* op, int which) {
 }
 
 static const char* const funcNames[gcommNumFuncs] = {
-    "AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
-    "AllToAll",  "Gather",    "Scatter", "Send",     "Recv"};
-static const char* const typeNames[gcommNumTypes] = {
-    "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
-    "bfloat16"};
+    "AllReduce", "Broadcast", "Reduce",  "AllGather", "ReduceScatter",
+    "AllToAll",  "Gather",    "Scatter", "Send",      "Recv"};
+static const char* const typeNames[gcommNumTypes] = {"int8",    "uint8",   "int32",   "uint32",
+                                                     "int64",   "uint64",  "float16", "float32",
+                                                     "float64", "bfloat16"};
 static const char* const opNames[gcommNumOps] = {"sum", "prod", "max", "min", "avg"};
 
 /* A step is ready when every FIFO it reads holds a slot and every FIFO it writes has room.
@@ -424,7 +442,9 @@ static int stepBlockedOn(gcommComm_t comm, int lane, const gcommStep_t* st, int*
   return -1;
 }
 
-static char* slotOf(gcommConn_t* c) { return c->slots + (c->step % GCOMM_STEPS) * c->slotBytes; }
+static char* slotOf(gcommConn_t* c) {
+  return c->slots + (c->step % GCOMM_STEPS) * c->slotBytes;
+}
 
 /* Executes a ready step: value = recv (op src) or src; value -> dst and send FIFOs. */
 static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t* st) {
@@ -442,10 +462,10 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
       uint64_t got = c->fifo->bytes[c->step % GCOMM_STEPS];
       if (got != bytes)
         return gcommSetError(comm, gcommInvalidUsage, st->recvPeer[i], "progress",
-                           "%s (seq %llu) step %ld received %llu bytes where %zu were expected: "
-                           "the ranks called different operations or counts",
-                           funcNames[op->func], (unsigned long long)op->seq, w->step,
-                           (unsigned long long)got, bytes);
+                             "%s (seq %llu) step %ld received %llu bytes where %zu were expected: "
+                             "the ranks called different operations or counts",
+                             funcNames[op->func], (unsigned long long)op->seq, w->step,
+                             (unsigned long long)got, bytes);
       in[nIn++] = slotOf(c);
     }
     if (st->sendPeer[i] >= 0) out[nOut++] = slotOf(sendConn(comm, w->lane, st->sendPeer[i]));
@@ -462,7 +482,8 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
       fn(value, src, in[0], st->count);
       if (nIn == 2) fn(value, value, in[1], st->count);
     }
-    if (st->postOp && op->redop == gcommAvg) divideTable[op->datatype](value, st->count, comm->nranks);
+    if (st->postOp && op->redop == gcommAvg)
+      divideTable[op->datatype](value, st->count, comm->nranks);
     for (int i = 0; i < nOut; i++)
       if (out[i] != value) memcpy(out[i], value, bytes);
   }
@@ -501,10 +522,10 @@ static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int
   const gcommOp_t* op = w->op;
   if (waitedMs >= 100 && (comm->passes & 63) == 0 && peerIsDead(comm, peer))
     return gcommSetError(comm, gcommRemoteError, peer, "progress",
-                       "%s (seq %llu) lane %d step %ld/%ld: rank %d has died while this rank "
-                       "waited to %s it",
-                       funcNames[op->func], (unsigned long long)op->seq, w->lane, w->step,
-                       w->nSteps, peer, isRecv ? "receive from" : "send to");
+                         "%s (seq %llu) lane %d step %ld/%ld: rank %d has died while this rank "
+                         "waited to %s it",
+                         funcNames[op->func], (unsigned long long)op->seq, w->lane, w->step,
+                         w->nSteps, peer, isRecv ? "receive from" : "send to");
   /* the peer lives but may itself be stuck behind a dead rank (it stopped when it saw the death,
    * or waits too): after a second, name any dead rank of this machine */
   if (waitedMs >= 1000 && (comm->passes & 1023) == 0)
@@ -518,12 +539,12 @@ static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int
                              isRecv ? "receive from" : "send to", peer);
   if ((int64_t)waitedMs >= comm->params.timeoutMs)
     return gcommSetError(comm, gcommTimeout, peer, "progress",
-                       "%s (seq %llu, count %zu, %s) lane %d step %ld/%ld: waited %llu ms to "
-                       "%s rank %d (GCOMM_TIMEOUT_MS=%lld)",
-                       funcNames[op->func], (unsigned long long)op->seq, op->count,
-                       typeNames[op->datatype], w->lane, w->step, w->nSteps,
-                       (unsigned long long)waitedMs, isRecv ? "receive from" : "send to", peer,
-                       (long long)comm->params.timeoutMs);
+                         "%s (seq %llu, count %zu, %s) lane %d step %ld/%ld: waited %llu ms to "
+                         "%s rank %d (GCOMM_TIMEOUT_MS=%lld)",
+                         funcNames[op->func], (unsigned long long)op->seq, op->count,
+                         typeNames[op->datatype], w->lane, w->step, w->nSteps,
+                         (unsigned long long)waitedMs, isRecv ? "receive from" : "send to", peer,
+                         (long long)comm->params.timeoutMs);
   return gcommSuccess;
 }
 
@@ -586,8 +607,10 @@ static void fetchPosted(gcommComm_t comm, long max) {
       gcommWork_t* w = &op->works[i];
       gcommQueue_t* q = &comm->queues[w->queue];
       w->next = NULL;
-      if (q->tail) q->tail->next = w;
-      else q->head = w;
+      if (q->tail)
+        q->tail->next = w;
+      else
+        q->head = w;
       q->tail = w;
     }
     comm->nActiveWorks += op->nWorks;
@@ -616,23 +639,27 @@ static void setAsyncError(gcommComm_t comm, gcommResult_t res) {
 }
 
 static void dumpState(gcommComm_t comm) {
-  fprintf(stderr, "gcomm dump: rank %d/%d comm \"%s\" pid %d: %llu ops posted, %llu done, %ld "
-          "works active, async error: %s\n", comm->rank, comm->nranks, comm->name, (int)getpid(),
-          (unsigned long long)comm->opsPosted, (unsigned long long)comm->opsDone,
-          comm->nActiveWorks, gcommGetErrorString((gcommResult_t)comm->asyncError));
+  fprintf(stderr,
+          "gcomm dump: rank %d/%d comm \"%s\" pid %d: %llu ops posted, %llu done, %ld "
+          "works active, async error: %s\n",
+          comm->rank, comm->nranks, comm->name, (int)getpid(), (unsigned long long)comm->opsPosted,
+          (unsigned long long)comm->opsDone, comm->nActiveWorks,
+          gcommGetErrorString((gcommResult_t)comm->asyncError));
   for (int q = 0; q < comm->nQueues; q++) {
     gcommWork_t* w = comm->queues[q].head;
     if (w == NULL) continue;
     int queued = 0;
     for (gcommWork_t* x = w->next; x; x = x->next) queued++;
     const gcommOp_t* op = w->op;
-    fprintf(stderr, "gcomm dump: rank %d queue %d: %s seq %llu count %zu %s %s algo %s channel "
-            "%d step %ld/%ld", comm->rank, q, funcNames[op->func], (unsigned long long)op->seq,
-            op->count, typeNames[op->datatype], opNames[op->redop], algoNames[op->algo],
-            w->lane, w->step, w->nSteps);
+    fprintf(stderr,
+            "gcomm dump: rank %d queue %d: %s seq %llu count %zu %s %s algo %s channel "
+            "%d step %ld/%ld",
+            comm->rank, q, funcNames[op->func], (unsigned long long)op->seq, op->count,
+            typeNames[op->datatype], opNames[op->redop], algoNames[op->algo], w->lane, w->step,
+            w->nSteps);
     if (w->waitSinceNs) {
-      gcommConn_t* c = w->waitRecv ? recvConn(comm, w->lane, w->waitPeer)
-                                   : sendConn(comm, w->lane, w->waitPeer);
+      gcommConn_t* c =
+          w->waitRecv ? recvConn(comm, w->lane, w->waitPeer) : sendConn(comm, w->lane, w->waitPeer);
       fprintf(stderr, ", waiting %llu ms to %s rank %d (fifo tail %llu head %llu)",
               (unsigned long long)((gcommNowNs() - w->waitSinceNs) / 1000000),
               w->waitRecv ? "receive from" : "send to", w->waitPeer,
@@ -756,8 +783,10 @@ static gcommResult_t postOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail,
   GCOMM_CHECK(startThreadOnce(comm));
   pthread_mutex_lock(&comm->postLock);
   __atomic_add_fetch(&comm->opsPosted, n, __ATOMIC_ACQ_REL);
-  if (comm->postedTail) comm->postedTail->next = head;
-  else comm->postedHead = head;
+  if (comm->postedTail)
+    comm->postedTail->next = head;
+  else
+    comm->postedHead = head;
   comm->postedTail = tail;
   pthread_cond_signal(&comm->postCond);
   pthread_mutex_unlock(&comm->postLock);
@@ -768,10 +797,10 @@ static gcommResult_t postOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail,
 /* Communicators: bootstrap over MPI, split, destroy, abort, queries.                       */
 /* ======================================================================================== */
 
-#define MPI_CHECK(comm, call)                                                                  \
-  do {                                                                                         \
-    int mpiErr_ = (call);                                                                      \
-    if (mpiErr_ != MPI_SUCCESS)                                                                \
+#define MPI_CHECK(comm, call)                                                                     \
+  do {                                                                                            \
+    int mpiErr_ = (call);                                                                         \
+    if (mpiErr_ != MPI_SUCCESS)                                                                   \
       return GCOMM_ERROR(comm, gcommSystemError, -1, "%s failed (MPI error %d)", #call, mpiErr_); \
   } while (0)
 
@@ -797,9 +826,9 @@ static gcommResult_t detectNode(gcommComm_t comm, uint64_t* hostId) {
   MPI_Comm node;
   int leader = comm->rank;
   if (comm->params.hostId != NULL)
-    MPI_CHECK(comm, MPI_Comm_split(comm->mpiComm,
-                                   (int)(hashString(comm->params.hostId) & 0x7fffffff),
-                                   comm->rank, &node));
+    MPI_CHECK(comm,
+              MPI_Comm_split(comm->mpiComm, (int)(hashString(comm->params.hostId) & 0x7fffffff),
+                             comm->rank, &node));
   else
     MPI_CHECK(comm, MPI_Comm_split_type(comm->mpiComm, MPI_COMM_TYPE_SHARED, comm->rank,
                                         MPI_INFO_NULL, &node));
@@ -893,8 +922,8 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   GCOMM_CHECK(agree(comm, res, "shared-memory setup"));
   comm->cards = calloc(comm->nranks, sizeof(gcommCard_t));
   if (comm->cards == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  MPI_CHECK(comm, MPI_Allgather(&card, sizeof(card), MPI_BYTE, comm->cards, sizeof(card),
-                                MPI_BYTE, comm->mpiComm));
+  MPI_CHECK(comm, MPI_Allgather(&card, sizeof(card), MPI_BYTE, comm->cards, sizeof(card), MPI_BYTE,
+                                comm->mpiComm));
   /* the lanes and slot size must agree: they shape every FIFO */
   int shape[3] = {comm->nChannels, (int)comm->slotBytes, comm->nLanes}, lo[3], hi[3];
   MPI_CHECK(comm, MPI_Allreduce(shape, lo, 3, MPI_INT, MPI_MIN, comm->mpiComm));
@@ -946,8 +975,8 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
              "comm \"%s\" rank %d/%d: %d local ranks, %d channels, %zu-byte FIFO slots, proxy "
              "%s, pid %d",
-             comm->name, comm->rank, comm->nranks, comm->nLocal, comm->nChannels,
-             comm->slotBytes, proxyModeNames[comm->params.proxyMode], (int)getpid());
+             comm->name, comm->rank, comm->nranks, comm->nLocal, comm->nChannels, comm->slotBytes,
+             proxyModeNames[comm->params.proxyMode], (int)getpid());
   tuningPrint(comm);
   return gcommSuccess;
 }
@@ -1056,8 +1085,9 @@ gcommResult_t gcommCommSplit(gcommComm_t comm, int color, int key, gcommComm_t* 
 #endif
     config = &inherited;
   }
-  MPI_CHECK(comm, MPI_Comm_split(comm->mpiComm, color == GCOMM_SPLIT_NOCOLOR ? MPI_UNDEFINED : color,
-                                 key, &split));
+  MPI_CHECK(comm,
+            MPI_Comm_split(comm->mpiComm, color == GCOMM_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key,
+                           &split));
   if (split == MPI_COMM_NULL) return gcommSuccess;
   return commCreate(newcomm, split, config);
 }
@@ -1082,10 +1112,11 @@ gcommResult_t gcommCommDestroy(gcommComm_t comm) {
   GCOMM_CHECK(checkComm(comm, __func__));
   gcommResult_t res = gcommSuccess;
 #ifdef GCOMM_GPU
-  if (comm->device >= 0) gcommDeviceQuiesce(comm); /* the GPU's work, then every rank's */
+  if (comm->device >= 0)
+    gcommDeviceQuiesce(comm); /* the GPU's work, then every rank's */
   else
 #endif
-  if (__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
+      if (__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
     res = gcommWait(comm, NULL); /* outstanding work finishes first */
   commFree(comm);
   return res == gcommAborted ? gcommSuccess : res;
@@ -1098,12 +1129,12 @@ gcommResult_t gcommCommGetAsyncError(gcommComm_t comm, gcommResult_t* asyncError
   return gcommSuccess;
 }
 
-#define DEFINE_QUERY(NAME, ARG, FIELD)                                                 \
-  gcommResult_t NAME(const gcommComm_t comm, int* ARG) {                              \
-    GCOMM_CHECK(checkComm(comm, __func__));                                            \
+#define DEFINE_QUERY(NAME, ARG, FIELD)                                                    \
+  gcommResult_t NAME(const gcommComm_t comm, int* ARG) {                                  \
+    GCOMM_CHECK(checkComm(comm, __func__));                                               \
     if (ARG == NULL) return GCOMM_ERROR(comm, gcommInvalidArgument, -1, #ARG " is NULL"); \
-    *ARG = comm->FIELD;                                                                \
-    return gcommSuccess;                                                               \
+    *ARG = comm->FIELD;                                                                   \
+    return gcommSuccess;                                                                  \
   }
 DEFINE_QUERY(gcommCommCount, count, nranks)
 DEFINE_QUERY(gcommCommUserRank, rank, rank)
@@ -1145,7 +1176,8 @@ static double predictUs(int func, int algo, int n, double bytes) {
       hops = algo == gcommAlgoRing ? n - 1 : 1;
       data = (algo == gcommAlgoRing ? 2.0 : 3.0) * (n - 1) / n;
       break;
-    default: hops = 1, data = 2.0 * (n - 1) / n;
+    default:
+      hops = 1, data = 2.0 * (n - 1) / n;
   }
   return hops * HOST_ALPHA_US + bytes * data / HOST_BW_BYTES_PER_US;
 }
@@ -1184,7 +1216,8 @@ static void tuningPrint(gcommComm_t comm) {
       int len = 0;
       for (int a = 0; a < gcommNumAlgos; a++) {
         double us = predictUs(f, a, comm->nranks, bytes);
-        if (us >= 0) len += snprintf(line + len, sizeof(line) - len, " %s %.1f us", algoNames[a], us);
+        if (us >= 0)
+          len += snprintf(line + len, sizeof(line) - len, " %s %.1f us", algoNames[a], us);
       }
       GCOMM_INFO(GCOMM_SUBSYS_TUNING, comm, "%-13s %10.0f B: picks %-6s (model:%s)", funcNames[f],
                  bytes, algoNames[chooseAlgo(comm, f, (size_t)bytes)], line);
@@ -1220,16 +1253,36 @@ static void bufferCounts(const gcommOp_t* op, int rank, int n, size_t* inCount, 
   size_t c = op->count;
   int isRoot = rank == op->root;
   switch (op->func) {
-    case gcommFuncAllReduce: *inCount = c, *outCount = c; return;
-    case gcommFuncBroadcast: *inCount = isRoot ? c : 0, *outCount = c; return;
-    case gcommFuncReduce: *inCount = c, *outCount = isRoot ? c : 0; return;
-    case gcommFuncAllGather: *inCount = c, *outCount = c * n; return;
-    case gcommFuncReduceScatter: *inCount = c * n, *outCount = c; return;
-    case gcommFuncAllToAll: *inCount = c * n, *outCount = c * n; return;
-    case gcommFuncGather: *inCount = c, *outCount = isRoot ? c * n : 0; return;
-    case gcommFuncScatter: *inCount = isRoot ? c * n : 0, *outCount = c; return;
-    case gcommFuncSend: *inCount = c, *outCount = 0; return;
-    default: *inCount = 0, *outCount = c; return;
+    case gcommFuncAllReduce:
+      *inCount = c, *outCount = c;
+      return;
+    case gcommFuncBroadcast:
+      *inCount = isRoot ? c : 0, *outCount = c;
+      return;
+    case gcommFuncReduce:
+      *inCount = c, *outCount = isRoot ? c : 0;
+      return;
+    case gcommFuncAllGather:
+      *inCount = c, *outCount = c * n;
+      return;
+    case gcommFuncReduceScatter:
+      *inCount = c * n, *outCount = c;
+      return;
+    case gcommFuncAllToAll:
+      *inCount = c * n, *outCount = c * n;
+      return;
+    case gcommFuncGather:
+      *inCount = c, *outCount = isRoot ? c * n : 0;
+      return;
+    case gcommFuncScatter:
+      *inCount = isRoot ? c * n : 0, *outCount = c;
+      return;
+    case gcommFuncSend:
+      *inCount = c, *outCount = 0;
+      return;
+    default:
+      *inCount = 0, *outCount = c;
+      return;
   }
 }
 
@@ -1240,12 +1293,16 @@ static int isInPlace(const gcommOp_t* op, int rank, size_t esz) {
   switch (op->func) {
     case gcommFuncAllReduce:
     case gcommFuncBroadcast:
-    case gcommFuncReduce: return in == out;
+    case gcommFuncReduce:
+      return in == out;
     case gcommFuncAllGather:
-    case gcommFuncGather: return in == out + blk;
+    case gcommFuncGather:
+      return in == out + blk;
     case gcommFuncReduceScatter:
-    case gcommFuncScatter: return out == in + blk;
-    default: return 0;
+    case gcommFuncScatter:
+      return out == in + blk;
+    default:
+      return 0;
   }
 }
 
@@ -1272,17 +1329,19 @@ static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* wher
     return BAD("count %zu of %s is too large", op->count, typeNames[op->datatype]);
   bufferCounts(op, comm->rank, n, &inCount, &outCount);
   if (inCount > 0 && op->sendbuff == NULL)
-    return BAD("sendbuff is NULL but %s sends %zu elements from it on rank %d",
-               funcNames[op->func], inCount, comm->rank);
+    return BAD("sendbuff is NULL but %s sends %zu elements from it on rank %d", funcNames[op->func],
+               inCount, comm->rank);
   if (outCount > 0 && op->recvbuff == NULL)
     return BAD("recvbuff is NULL but %s receives %zu elements into it on rank %d",
                funcNames[op->func], outCount, comm->rank);
 #ifdef GCOMM_GPU
   if (comm->device >= 0) {
     if (inCount > 0 && gcommDeviceBadPointer(op->sendbuff))
-      return BAD("sendbuff %p is host memory the GPU cannot use (a GPU communicator)", op->sendbuff);
+      return BAD("sendbuff %p is host memory the GPU cannot use (a GPU communicator)",
+                 op->sendbuff);
     if (outCount > 0 && gcommDeviceBadPointer(op->recvbuff))
-      return BAD("recvbuff %p is host memory the GPU cannot use (a GPU communicator)", op->recvbuff);
+      return BAD("recvbuff %p is host memory the GPU cannot use (a GPU communicator)",
+                 op->recvbuff);
   } else
 #endif
   {
@@ -1294,9 +1353,10 @@ static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* wher
   if (inCount > 0 && outCount > 0 && !isInPlace(op, comm->rank, esz)) {
     const char *in = op->sendbuff, *out = op->recvbuff;
     if (in < out + outCount * esz && out < in + inCount * esz)
-      return BAD("sendbuff [%p, +%zu B) and recvbuff [%p, +%zu B) overlap and are not the "
-                 "in-place layout of %s",
-                 op->sendbuff, inCount * esz, op->recvbuff, outCount * esz, funcNames[op->func]);
+      return BAD(
+          "sendbuff [%p, +%zu B) and recvbuff [%p, +%zu B) overlap and are not the "
+          "in-place layout of %s",
+          op->sendbuff, inCount * esz, op->recvbuff, outCount * esz, funcNames[op->func]);
   }
   if (inCount == 0) op->sendbuff = NULL; /* never touched: the schedule reads no such buffer */
   if (outCount == 0) op->recvbuff = NULL;
@@ -1377,10 +1437,9 @@ static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
   if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
   GCOMM_TRACE(isReduction(op->func) ? GCOMM_SUBSYS_COLL : GCOMM_SUBSYS_P2P, comm,
               "%s seq %llu count %zu %s %s root/peer %d algo %s channels %d works %d",
-              funcNames[op->func], (unsigned long long)op->seq, op->count,
-              typeNames[op->datatype], opNames[op->redop],
-              op->func >= gcommFuncSend ? op->peer : op->root, algoNames[op->algo],
-              op->nChannels, op->nWorks);
+              funcNames[op->func], (unsigned long long)op->seq, op->count, typeNames[op->datatype],
+              opNames[op->redop], op->func >= gcommFuncSend ? op->peer : op->root,
+              algoNames[op->algo], op->nChannels, op->nWorks);
 #ifdef GCOMM_GPU
   if (comm->device >= 0) { /* a GPU communicator launches (now, or at the group's end) */
     if (op->nWorks == 0) {
@@ -1401,15 +1460,17 @@ static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
     comm->groupStream = stream;
   } else
 #endif
-  if (op->nWorks == 0) { /* nothing to move (count 0): complete at once */
+      if (op->nWorks == 0) { /* nothing to move (count 0): complete at once */
     __atomic_add_fetch(&comm->opsPosted, 1, __ATOMIC_ACQ_REL);
     __atomic_add_fetch(&comm->opsDone, 1, __ATOMIC_ACQ_REL);
     free(op);
     return gcommSuccess;
   }
   if (groupDepth == 0) return postOps(comm, op, op, 1);
-  if (comm->groupTail) comm->groupTail->next = op;
-  else comm->groupHead = op;
+  if (comm->groupTail)
+    comm->groupTail->next = op;
+  else
+    comm->groupHead = op;
   comm->groupTail = op;
   if (!comm->inGroup) {
     comm->inGroup = 1;
@@ -1442,7 +1503,7 @@ gcommResult_t gcommGroupEnd(void) {
       for (gcommOp_t *op = comm->groupHead, *next; op; op = next) next = op->next, free(op);
     } else
 #endif
-    r = postOps(comm, comm->groupHead, tail, count);
+      r = postOps(comm, comm->groupHead, tail, count);
     if (r != gcommSuccess && res == gcommSuccess) res = r;
     comm->groupHead = comm->groupTail = NULL;
     comm->groupNext = NULL;
@@ -1451,9 +1512,11 @@ gcommResult_t gcommGroupEnd(void) {
   return res;
 }
 
-#define OP_ARGS(F, S, R, C, T, O, ROOT, PEER) \
-  {.func = (F), .sendbuff = (S), .recvbuff = (R), .count = (C), .datatype = (T), .redop = (O), \
-   .root = (ROOT), .peer = (PEER)}
+#define OP_ARGS(F, S, R, C, T, O, ROOT, PEER)                                                   \
+  {                                                                                             \
+    .func = (F), .sendbuff = (S), .recvbuff = (R), .count = (C), .datatype = (T), .redop = (O), \
+    .root = (ROOT), .peer = (PEER)                                                              \
+  }
 
 gcommResult_t gcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                              gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,
@@ -1534,7 +1597,8 @@ static int allDone(gcommComm_t comm, uint64_t target) {
 static gcommResult_t finalResult(gcommComm_t comm, const char* where) {
   gcommResult_t res = (gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE);
   if (res == gcommSuccess) return gcommSuccess;
-  if (res == gcommAborted) return gcommSetError(comm, res, -1, where, "the communicator was aborted");
+  if (res == gcommAborted)
+    return gcommSetError(comm, res, -1, where, "the communicator was aborted");
   return res; /* the engine already recorded what, where and which peer */
 }
 
@@ -1544,7 +1608,8 @@ gcommResult_t gcommTest(gcommComm_t comm, gcommStream_t stream) {
   if (comm->device >= 0) return gcommDeviceTest(comm, stream, __func__);
 #endif
   if (stream != NULL)
-    return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "stream must be NULL on a host communicator");
+    return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
+                       "stream must be NULL on a host communicator");
   uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
   GCOMM_CHECK(gcommProgress(comm));
   if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE)) return finalResult(comm, __func__);
@@ -1557,7 +1622,8 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
   if (comm->device >= 0) return gcommDeviceWait(comm, stream, __func__);
 #endif
   if (stream != NULL)
-    return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "stream must be NULL on a host communicator");
+    return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
+                       "stream must be NULL on a host communicator");
   uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
   uint64_t deadline = gcommNowNs() + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
   uint64_t idleSince = 0;
@@ -1565,16 +1631,17 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
   while (!allDone(comm, target)) {
     if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE)) return finalResult(comm, __func__);
     if (gcommNowNs() > deadline)
-      return GCOMM_ERROR(comm, gcommTimeout, -1,
-                         "%llu operations still outstanding after GCOMM_TIMEOUT_MS=%lld",
-                         (unsigned long long)(target - comm->opsDone),
-                         (long long)comm->params.timeoutMs);
+      return GCOMM_ERROR(
+          comm, gcommTimeout, -1, "%llu operations still outstanding after GCOMM_TIMEOUT_MS=%lld",
+          (unsigned long long)(target - comm->opsDone), (long long)comm->params.timeoutMs);
     if (poll) {
       pthread_mutex_lock(&comm->progressLock);
       int moved = progressPass(comm);
       pthread_mutex_unlock(&comm->progressLock);
-      if (moved) idleSince = 0;
-      else backoff(&idleSince);
+      if (moved)
+        idleSince = 0;
+      else
+        backoff(&idleSince);
     } else if (backoff(&idleSince) > 1000) {
       /* long waits sleep until the engine finishes something (or 1 ms, to see aborts) */
       struct timespec ts = deadlineIn(1000000);

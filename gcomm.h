@@ -19,7 +19,7 @@ extern "C" {
 #define GCOMM_MAJOR 0
 #define GCOMM_MINOR 1
 #define GCOMM_PATCH 0
-#define GCOMM_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define GCOMM_VERSION(X, Y, Z) ((X)*10000 + (Y)*100 + (Z))
 #define GCOMM_VERSION_CODE GCOMM_VERSION(GCOMM_MAJOR, GCOMM_MINOR, GCOMM_PATCH)
 
 /* A communicator: a set of ranks that run collectives together. */
@@ -62,7 +62,14 @@ typedef enum {
 
 /* Float16 and Bfloat16 are reduced in float and rounded once per reduction. Avg divides the sum
  * by the number of ranks (integer division for integer types). */
-typedef enum { gcommSum = 0, gcommProd = 1, gcommMax = 2, gcommMin = 3, gcommAvg = 4, gcommNumOps = 5 } gcommRedOp_t;
+typedef enum {
+  gcommSum = 0,
+  gcommProd = 1,
+  gcommMax = 2,
+  gcommMin = 3,
+  gcommAvg = 4,
+  gcommNumOps = 5
+} gcommRedOp_t;
 
 #define GCOMM_DEVICE_HOST (-1)   /* config.device for a communicator on host memory */
 #define GCOMM_PROXY_THREAD 0     /* a progress thread drives the communicator */
@@ -84,10 +91,10 @@ typedef struct {
   int nChannels;        /* parallel channels; GCOMM_NCHANNELS */
 } gcommConfig_t;
 
-#define GCOMM_CONFIG_INITIALIZER                                                                   \
-  {                                                                                                \
-    sizeof(gcommConfig_t), GCOMM_CONFIG_MAGIC, GCOMM_VERSION_CODE, GCOMM_CONFIG_UNDEF_INT,         \
-        GCOMM_CONFIG_UNDEF_INT, NULL, GCOMM_CONFIG_UNDEF_INT                                       \
+#define GCOMM_CONFIG_INITIALIZER                                                           \
+  {                                                                                        \
+    sizeof(gcommConfig_t), GCOMM_CONFIG_MAGIC, GCOMM_VERSION_CODE, GCOMM_CONFIG_UNDEF_INT, \
+        GCOMM_CONFIG_UNDEF_INT, NULL, GCOMM_CONFIG_UNDEF_INT                               \
   }
 
 /* ---- Library ---- */
@@ -121,8 +128,8 @@ gcommResult_t gcommCommDevice(const gcommComm_t comm, int* device);
  * Enqueue and return. On a GPU communicator they are ordered on stream; on a host communicator
  * (stream NULL) they run asynchronously and complete at gcommWait(comm, NULL). In-place: sendbuff
  * == recvbuff for AllReduce, Broadcast, Reduce; recvbuff == sendbuff + rank*recvcount for
- * ReduceScatter and Scatter; sendbuff == recvbuff + rank*sendcount for AllGather and Gather. Any other overlap
- * is rejected. */
+ * ReduceScatter and Scatter; sendbuff == recvbuff + rank*sendcount for AllGather and Gather. Any
+ * other overlap is rejected. */
 gcommResult_t gcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                              gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,
                              gcommStream_t stream);

@@ -1,9 +1,10 @@
 /*
  * gcomm_device.h - the GPU engine's internal interface (GPU builds only, CUDA or HIP: gcomm.c
- * includes it under #ifdef GCOMM_GPU; gcomm_gpu.h maps the cuda* names below to hip* for HIP). transports/p2p.c owns the connection FIFOs in GPU memory, shared with
- * the other local ranks through CUDA IPC; gcomm_kernels.cu runs the schedules of gcomm_sched.h
- * over them, one block per queue (a collective channel, or one point-to-point channel of one
- * direction to one peer: a Send/Recv is split over up to nP2pChannels of them).
+ * includes it under #ifdef GCOMM_GPU; gcomm_gpu.h maps the cuda* names below to hip* for HIP).
+ * transports/p2p.c owns the connection FIFOs in GPU memory, shared with the other local ranks
+ * through CUDA IPC; gcomm_kernels.cu runs the schedules of gcomm_sched.h over them, one block per
+ * queue (a collective channel, or one point-to-point channel of one direction to one peer: a
+ * Send/Recv is split over up to nP2pChannels of them).
  *
  * Layout of one rank's region (one cudaMalloc, exported with cudaIpcGetMemHandle):
  *   recv FIFOs  [local sender][lane]: a 256-byte header (tail at 0, written by the sender;
@@ -28,8 +29,8 @@ extern "C" {
 #define GCOMM_DEV_FIFO_HDR 256
 #define GCOMM_DEV_HEAD_BYTES 128
 #define GCOMM_DEV_THREADS 512
-#define GCOMM_DEV_SMALL_WORKS 8  /* works a small launch carries in its parameters */
-#define GCOMM_DEV_MAX_WORKS 128  /* works one launch carries at most (a bigger group is split) */
+#define GCOMM_DEV_SMALL_WORKS 8 /* works a small launch carries in its parameters */
+#define GCOMM_DEV_MAX_WORKS 128 /* works one launch carries at most (a bigger group is split) */
 
 typedef struct {
   volatile uint64_t* tail;  /* recv: in this rank's memory; send: in the receiver's */
@@ -52,8 +53,8 @@ typedef struct {
   size_t slotBytes;
   gcommDevConn_t* send; /* device array [lane * nranks + peer] */
   gcommDevConn_t* recv;
-  volatile int* abortFlag;  /* mapped host memory */
-  gcommDevError_t* error;   /* mapped host memory */
+  volatile int* abortFlag; /* mapped host memory */
+  gcommDevError_t* error;  /* mapped host memory */
   unsigned long long timeoutNs;
   int claim; /* device memory: the first failing block claims the error record */
 } gcommDevComm_t;

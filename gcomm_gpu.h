@@ -3,8 +3,8 @@
  *
  * One source serves both: gcomm_kernels.cu (nvcc) and gcomm_kernels.hip (hipcc: a few lines that
  * include this header and gcomm_kernels.cu), transports/p2p.c (the C compiler, with GCOMM_CUDA or
- * GCOMM_HIP). Under HIP the cuda* runtime names used by gcomm map to their hip* twins here; what has
- * no twin (the memory-model primitives, the global timer, FIFO loads, the fine-grained FIFO
+ * GCOMM_HIP). Under HIP the cuda* runtime names used by gcomm map to their hip* twins here; what
+ * has no twin (the memory-model primitives, the global timer, FIFO loads, the fine-grained FIFO
  * allocation, the pointer-type field) is a gcommGpu* name with one definition per platform.
  *
  * Nothing in the kernels assumes a warp of 32 lanes (no shuffles, votes or lane masks): a block
@@ -124,8 +124,12 @@ static __device__ __forceinline__ uint16_t gcommGpuFToHalf(float f) {
   return __half_as_ushort(__float2half_rn(f));
 }
 /* HIP 5.2 has no __hip_bfloat16 intrinsics: gcomm_reduce.h's conversions (round to nearest even) */
-static __device__ __forceinline__ float gcommGpuBf16ToF(uint16_t h) { return gcommBf16ToFloat(h); }
-static __device__ __forceinline__ uint16_t gcommGpuFToBf16(float f) { return gcommFloatToBf16(f); }
+static __device__ __forceinline__ float gcommGpuBf16ToF(uint16_t h) {
+  return gcommBf16ToFloat(h);
+}
+static __device__ __forceinline__ uint16_t gcommGpuFToBf16(float f) {
+  return gcommFloatToBf16(f);
+}
 #endif /* __HIPCC__ */
 
 #else
@@ -155,7 +159,9 @@ static __device__ __forceinline__ uint64_t gcommGpuTimerNs() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-static __device__ __forceinline__ uint4 gcommGpuLdFifo(const uint4* p) { return __ldcv(p); }
+static __device__ __forceinline__ uint4 gcommGpuLdFifo(const uint4* p) {
+  return __ldcv(p);
+}
 static __device__ __forceinline__ float gcommGpuHalfToF(uint16_t h) {
   return __half2float(__ushort_as_half(h));
 }

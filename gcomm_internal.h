@@ -30,34 +30,36 @@ enum {
 void gcommLog(int level, int subsys, gcommComm_t comm, const char* where, const char* fmt, ...)
     __attribute__((format(printf, 5, 6)));
 int gcommLogEnabled(int level, int subsys);
-#define GCOMM_WARN(comm, ...) gcommLog(GCOMM_LOG_WARN, GCOMM_SUBSYS_ALL, comm, __func__, __VA_ARGS__)
+#define GCOMM_WARN(comm, ...) \
+  gcommLog(GCOMM_LOG_WARN, GCOMM_SUBSYS_ALL, comm, __func__, __VA_ARGS__)
 #define GCOMM_INFO(subsys, comm, ...) gcommLog(GCOMM_LOG_INFO, subsys, comm, __func__, __VA_ARGS__)
-#define GCOMM_TRACE(subsys, comm, ...) gcommLog(GCOMM_LOG_TRACE, subsys, comm, __func__, __VA_ARGS__)
+#define GCOMM_TRACE(subsys, comm, ...) \
+  gcommLog(GCOMM_LOG_TRACE, subsys, comm, __func__, __VA_ARGS__)
 
 /* Records and logs an error: what (the message), where (the function), which peer (when >= 0,
  * with its pid and host). Returns res so that `return GCOMM_ERROR(...)` reads naturally. */
 gcommResult_t gcommSetError(gcommComm_t comm, gcommResult_t res, int peer, const char* where,
                             const char* fmt, ...) __attribute__((format(printf, 5, 6)));
 #define GCOMM_ERROR(comm, res, peer, ...) gcommSetError(comm, res, peer, __func__, __VA_ARGS__)
-#define GCOMM_CHECK(call)                                                                          \
-  do {                                                                                             \
-    gcommResult_t res_ = (call);                                                                   \
-    if (res_ != gcommSuccess) return res_;                                                         \
+#define GCOMM_CHECK(call)                  \
+  do {                                     \
+    gcommResult_t res_ = (call);           \
+    if (res_ != gcommSuccess) return res_; \
   } while (0)
 
 uint64_t gcommNowNs(void);
 
 /* ---- Parameters: one table in gcomm.c, read at communicator init ---- */
 typedef struct {
-  int algo;             /* GCOMM_ALGO: -1 = cost model, else gcommAlgo_t */
-  int nChannels;        /* GCOMM_NCHANNELS */
-  int64_t buffSize;     /* GCOMM_BUFFSIZE: bytes of one connection FIFO */
-  int proxyMode;        /* GCOMM_PROXY_MODE */
-  int64_t appendFreq;   /* GCOMM_PROGRESS_APPENDOP_FREQ */
-  int64_t appendBatch;  /* GCOMM_PROXY_APPEND_BATCH_SIZE */
-  int64_t dumpSignal;   /* GCOMM_PROXY_DUMP_SIGNAL */
-  int64_t timeoutMs;    /* GCOMM_TIMEOUT_MS */
-  const char* hostId;   /* GCOMM_HOSTID, or NULL */
+  int algo;            /* GCOMM_ALGO: -1 = cost model, else gcommAlgo_t */
+  int nChannels;       /* GCOMM_NCHANNELS */
+  int64_t buffSize;    /* GCOMM_BUFFSIZE: bytes of one connection FIFO */
+  int proxyMode;       /* GCOMM_PROXY_MODE */
+  int64_t appendFreq;  /* GCOMM_PROGRESS_APPENDOP_FREQ */
+  int64_t appendBatch; /* GCOMM_PROXY_APPEND_BATCH_SIZE */
+  int64_t dumpSignal;  /* GCOMM_PROXY_DUMP_SIGNAL */
+  int64_t timeoutMs;   /* GCOMM_TIMEOUT_MS */
+  const char* hostId;  /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
   int64_t netDisable;      /* GCOMM_NET_DISABLE */
   const char* ofiProvider; /* GCOMM_OFI_PROVIDER, or NULL */
@@ -78,8 +80,8 @@ typedef struct {
 
 typedef struct {
   gcommFifo_t* fifo;
-  char* slots;     /* GCOMM_STEPS slots of slotBytes */
-  uint64_t step;   /* this side's own counter: the next slot to fill (sender) or drain */
+  char* slots;   /* GCOMM_STEPS slots of slotBytes */
+  uint64_t step; /* this side's own counter: the next slot to fill (sender) or drain */
   size_t slotBytes;
   int peer;
 } gcommConn_t;
@@ -131,8 +133,8 @@ struct gcommComm {
   unsigned int magic;
   MPI_Comm mpiComm;
   int rank, nranks, device;
-  int nLocal;            /* ranks on this node */
-  gcommCard_t* cards;    /* every rank's card */
+  int nLocal;         /* ranks on this node */
+  gcommCard_t* cards; /* every rank's card */
   char name[64];
   gcommParams_t params;
   int nChannels;    /* collective channels: lanes [0, nChannels) */
@@ -162,9 +164,9 @@ struct gcommComm {
   uint64_t opsDone;   /* atomic: operations the engine finished */
   pthread_mutex_t doneLock;
   pthread_cond_t doneCond;
-  int waiters;     /* atomic: threads sleeping on doneCond */
-  int abortFlag;   /* atomic */
-  int asyncError;  /* atomic gcommResult_t: the error that stopped the communicator */
+  int waiters;    /* atomic: threads sleeping on doneCond */
+  int abortFlag;  /* atomic */
+  int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
   uint64_t collSeq;
 
   /* group */

@@ -3,11 +3,11 @@
  * host executor's runStep in gcomm.c) over the IPC FIFOs of transports/p2p.c.
  *
  * One block per queue (a collective channel, or one point-to-point channel of one direction to
- * one peer); a block runs its works in order. Each step: thread 0 waits until the step's FIFOs are ready (bounded spin that
- * watches the abort flag and a deadline), the block computes value = recv (op src) or src, with
- * Avg's division on the postOp step, and writes it to dst and the send slots with 16-byte
- * vector accesses where aligned; every thread fences its stores at system scope; thread 0 then
- * publishes the counters (release stores). Simple protocol only.
+ * one peer); a block runs its works in order. Each step: thread 0 waits until the step's FIFOs are
+ * ready (bounded spin that watches the abort flag and a deadline), the block computes value = recv
+ * (op src) or src, with Avg's division on the postOp step, and writes it to dst and the send slots
+ * with 16-byte vector accesses where aligned; every thread fences its stores at system scope;
+ * thread 0 then publishes the counters (release stores). Simple protocol only.
  */
 #include <stdint.h>
 
@@ -26,56 +26,129 @@ enum { gcommInvalidUsage = 2, gcommTimeout = 7, gcommAborted = 8 };
 
 /* ---- element types and operators (gcomm_reduce.h semantics) ---- */
 enum { K_INT, K_FLT, K_HALF, K_BF16 };
-template <int DT> struct Dt;
-template <> struct Dt<0> { typedef int8_t S; typedef uint8_t U; enum { K = K_INT }; };
-template <> struct Dt<1> { typedef uint8_t S; typedef uint8_t U; enum { K = K_INT }; };
-template <> struct Dt<2> { typedef int32_t S; typedef uint32_t U; enum { K = K_INT }; };
-template <> struct Dt<3> { typedef uint32_t S; typedef uint32_t U; enum { K = K_INT }; };
-template <> struct Dt<4> { typedef int64_t S; typedef uint64_t U; enum { K = K_INT }; };
-template <> struct Dt<5> { typedef uint64_t S; typedef uint64_t U; enum { K = K_INT }; };
-template <> struct Dt<6> { typedef uint16_t S; typedef uint16_t U; enum { K = K_HALF }; };
-template <> struct Dt<7> { typedef float S; typedef float U; enum { K = K_FLT }; };
-template <> struct Dt<8> { typedef double S; typedef double U; enum { K = K_FLT }; };
-template <> struct Dt<9> { typedef uint16_t S; typedef uint16_t U; enum { K = K_BF16 }; };
+template <int DT>
+struct Dt;
+template <>
+struct Dt<0> {
+  typedef int8_t S;
+  typedef uint8_t U;
+  enum { K = K_INT };
+};
+template <>
+struct Dt<1> {
+  typedef uint8_t S;
+  typedef uint8_t U;
+  enum { K = K_INT };
+};
+template <>
+struct Dt<2> {
+  typedef int32_t S;
+  typedef uint32_t U;
+  enum { K = K_INT };
+};
+template <>
+struct Dt<3> {
+  typedef uint32_t S;
+  typedef uint32_t U;
+  enum { K = K_INT };
+};
+template <>
+struct Dt<4> {
+  typedef int64_t S;
+  typedef uint64_t U;
+  enum { K = K_INT };
+};
+template <>
+struct Dt<5> {
+  typedef uint64_t S;
+  typedef uint64_t U;
+  enum { K = K_INT };
+};
+template <>
+struct Dt<6> {
+  typedef uint16_t S;
+  typedef uint16_t U;
+  enum { K = K_HALF };
+};
+template <>
+struct Dt<7> {
+  typedef float S;
+  typedef float U;
+  enum { K = K_FLT };
+};
+template <>
+struct Dt<8> {
+  typedef double S;
+  typedef double U;
+  enum { K = K_FLT };
+};
+template <>
+struct Dt<9> {
+  typedef uint16_t S;
+  typedef uint16_t U;
+  enum { K = K_BF16 };
+};
 
-template <int K> static __device__ __forceinline__ float toF(uint16_t h) {
-  if constexpr (K == K_HALF) return gcommGpuHalfToF(h);
-  else return gcommGpuBf16ToF(h);
+template <int K>
+static __device__ __forceinline__ float toF(uint16_t h) {
+  if constexpr (K == K_HALF)
+    return gcommGpuHalfToF(h);
+  else
+    return gcommGpuBf16ToF(h);
 }
-template <int K> static __device__ __forceinline__ uint16_t fromF(float f) {
-  if constexpr (K == K_HALF) return gcommGpuFToHalf(f);
-  else return gcommGpuFToBf16(f);
+template <int K>
+static __device__ __forceinline__ uint16_t fromF(float f) {
+  if constexpr (K == K_HALF)
+    return gcommGpuFToHalf(f);
+  else
+    return gcommGpuFToBf16(f);
 }
 
 template <int DT, int OP>
-static __device__ __forceinline__ typename Dt<DT>::S red(typename Dt<DT>::S A, typename Dt<DT>::S B) {
+static __device__ __forceinline__ typename Dt<DT>::S red(typename Dt<DT>::S A,
+                                                         typename Dt<DT>::S B) {
   typedef typename Dt<DT>::S T;
   typedef typename Dt<DT>::U U;
   if constexpr (Dt<DT>::K == K_INT) {
-    if constexpr (OP == gcommProd) return (T)((U)A * (U)B);
-    else if constexpr (OP == gcommMax) return A > B ? A : B;
-    else if constexpr (OP == gcommMin) return A < B ? A : B;
-    else return (T)((U)A + (U)B);
+    if constexpr (OP == gcommProd)
+      return (T)((U)A * (U)B);
+    else if constexpr (OP == gcommMax)
+      return A > B ? A : B;
+    else if constexpr (OP == gcommMin)
+      return A < B ? A : B;
+    else
+      return (T)((U)A + (U)B);
   } else if constexpr (Dt<DT>::K == K_FLT) {
-    if constexpr (OP == gcommProd) return A * B;
-    else if constexpr (OP == gcommMax) return A > B ? A : B;
-    else if constexpr (OP == gcommMin) return A < B ? A : B;
-    else return A + B;
+    if constexpr (OP == gcommProd)
+      return A * B;
+    else if constexpr (OP == gcommMax)
+      return A > B ? A : B;
+    else if constexpr (OP == gcommMin)
+      return A < B ? A : B;
+    else
+      return A + B;
   } else {
     constexpr int K = Dt<DT>::K;
-    if constexpr (OP == gcommProd) return fromF<K>(toF<K>(A) * toF<K>(B));
-    else if constexpr (OP == gcommMax) return toF<K>(A) > toF<K>(B) ? A : B;
-    else if constexpr (OP == gcommMin) return toF<K>(A) < toF<K>(B) ? A : B;
-    else return fromF<K>(toF<K>(A) + toF<K>(B));
+    if constexpr (OP == gcommProd)
+      return fromF<K>(toF<K>(A) * toF<K>(B));
+    else if constexpr (OP == gcommMax)
+      return toF<K>(A) > toF<K>(B) ? A : B;
+    else if constexpr (OP == gcommMin)
+      return toF<K>(A) < toF<K>(B) ? A : B;
+    else
+      return fromF<K>(toF<K>(A) + toF<K>(B));
   }
 }
 
 template <int DT>
 static __device__ __forceinline__ typename Dt<DT>::S divide(typename Dt<DT>::S A, int n) {
   typedef typename Dt<DT>::S T;
-  if constexpr (Dt<DT>::K == K_INT) return (T)(A / (T)n);
-  else if constexpr (Dt<DT>::K == K_FLT) return A / (T)n;
-  else return fromF<Dt<DT>::K>(toF<Dt<DT>::K>(A) / (float)n);
+  if constexpr (Dt<DT>::K == K_INT)
+    return (T)(A / (T)n);
+  else if constexpr (Dt<DT>::K == K_FLT)
+    return A / (T)n;
+  else
+    return fromF<Dt<DT>::K>(toF<Dt<DT>::K>(A) / (float)n);
 }
 
 /* ---- the data of one step ---- */
@@ -84,7 +157,7 @@ struct StepIo {
   const char* in[2]; /* received slots (in this rank's memory), or NULL */
   char* out[3];      /* dst and send slots, NULL where absent */
   int reduce, div, nranks;
-  size_t count;      /* elements */
+  size_t count; /* elements */
 };
 
 static __device__ __forceinline__ bool al(const void* p, uintptr_t a) {
@@ -92,7 +165,9 @@ static __device__ __forceinline__ bool al(const void* p, uintptr_t a) {
 }
 
 /* FIFO reads bypass L1: a slot is rewritten by the peer every GCOMM_STEPS steps. */
-static __device__ __forceinline__ uint4 ldFifo(const uint4* p) { return gcommGpuLdFifo(p); }
+static __device__ __forceinline__ uint4 ldFifo(const uint4* p) {
+  return gcommGpuLdFifo(p);
+}
 
 #ifndef UNROLL
 #define UNROLL 4
@@ -112,8 +187,10 @@ static __device__ void copyWords(const char* s, bool fifo, char* const* out, siz
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
       const W* p = src + i + u * blockDim.x;
-      if constexpr (sizeof(W) == 16) v[u] = fifo ? ldFifo((const uint4*)p) : *p;
-      else v[u] = fifo ? *(const volatile W*)p : *p;
+      if constexpr (sizeof(W) == 16)
+        v[u] = fifo ? ldFifo((const uint4*)p) : *p;
+      else
+        v[u] = fifo ? *(const volatile W*)p : *p;
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
@@ -125,8 +202,10 @@ static __device__ void copyWords(const char* s, bool fifo, char* const* out, siz
   }
   for (; i < nWords; i += blockDim.x) {
     W v;
-    if constexpr (sizeof(W) == 16) v = fifo ? ldFifo((const uint4*)(src + i)) : src[i];
-    else v = fifo ? *(const volatile W*)(src + i) : src[i];
+    if constexpr (sizeof(W) == 16)
+      v = fifo ? ldFifo((const uint4*)(src + i)) : src[i];
+    else
+      v = fifo ? *(const volatile W*)(src + i) : src[i];
     if (o0) o0[i] = v;
     if (o1) o1[i] = v;
     if (o2) o2[i] = v;
@@ -143,11 +222,16 @@ static __device__ __noinline__ void copyStep(const StepIo& io, size_t esz) {
     out[k] = io.out[k] == s ? NULL : io.out[k]; /* in place: nothing to copy */
     mix |= (uintptr_t)out[k];
   }
-  if ((mix & 15) == 0) copyWords<uint4>(s, fifo, out, n / 16);
-  else if ((mix & 7) == 0) copyWords<uint64_t>(s, fifo, out, n / 8);
-  else if ((mix & 3) == 0) copyWords<uint32_t>(s, fifo, out, n / 4);
-  else if ((mix & 1) == 0) copyWords<uint16_t>(s, fifo, out, n / 2);
-  else copyWords<uint8_t>(s, fifo, out, n);
+  if ((mix & 15) == 0)
+    copyWords<uint4>(s, fifo, out, n / 16);
+  else if ((mix & 7) == 0)
+    copyWords<uint64_t>(s, fifo, out, n / 8);
+  else if ((mix & 3) == 0)
+    copyWords<uint32_t>(s, fifo, out, n / 4);
+  else if ((mix & 1) == 0)
+    copyWords<uint16_t>(s, fifo, out, n / 2);
+  else
+    copyWords<uint8_t>(s, fifo, out, n);
 }
 
 template <int DT, int OP>
@@ -229,10 +313,18 @@ static __device__ __noinline__ void reduceStep(const StepIo& io) {
 template <int DT>
 static __device__ void reduceStepT(const StepIo& io, int op) {
   switch (op) {
-    case gcommProd: reduceStep<DT, gcommProd>(io); break;
-    case gcommMax: reduceStep<DT, gcommMax>(io); break;
-    case gcommMin: reduceStep<DT, gcommMin>(io); break;
-    default: reduceStep<DT, gcommSum>(io); break; /* Sum, Avg */
+    case gcommProd:
+      reduceStep<DT, gcommProd>(io);
+      break;
+    case gcommMax:
+      reduceStep<DT, gcommMax>(io);
+      break;
+    case gcommMin:
+      reduceStep<DT, gcommMin>(io);
+      break;
+    default:
+      reduceStep<DT, gcommSum>(io);
+      break; /* Sum, Avg */
   }
 }
 
@@ -242,16 +334,36 @@ static __device__ void dataStep(const StepIo& io, int datatype, int op) {
     return;
   }
   switch (datatype) {
-    case 0: reduceStepT<0>(io, op); break;
-    case 1: reduceStepT<1>(io, op); break;
-    case 2: reduceStepT<2>(io, op); break;
-    case 3: reduceStepT<3>(io, op); break;
-    case 4: reduceStepT<4>(io, op); break;
-    case 5: reduceStepT<5>(io, op); break;
-    case 6: reduceStepT<6>(io, op); break;
-    case 7: reduceStepT<7>(io, op); break;
-    case 8: reduceStepT<8>(io, op); break;
-    default: reduceStepT<9>(io, op); break;
+    case 0:
+      reduceStepT<0>(io, op);
+      break;
+    case 1:
+      reduceStepT<1>(io, op);
+      break;
+    case 2:
+      reduceStepT<2>(io, op);
+      break;
+    case 3:
+      reduceStepT<3>(io, op);
+      break;
+    case 4:
+      reduceStepT<4>(io, op);
+      break;
+    case 5:
+      reduceStepT<5>(io, op);
+      break;
+    case 6:
+      reduceStepT<6>(io, op);
+      break;
+    case 7:
+      reduceStepT<7>(io, op);
+      break;
+    case 8:
+      reduceStepT<8>(io, op);
+      break;
+    default:
+      reduceStepT<9>(io, op);
+      break;
   }
 }
 
@@ -264,15 +376,17 @@ static __device__ int waitFor(const gcommDevComm_t* comm, volatile uint64_t* p, 
     spins = 0;
     if (*comm->abortFlag) return gcommAborted;
     uint64_t now = globalTimer();
-    if (*t0 == 0) *t0 = now;
-    else if (now - *t0 > comm->timeoutNs) return gcommTimeout;
+    if (*t0 == 0)
+      *t0 = now;
+    else if (now - *t0 > comm->timeoutNs)
+      return gcommTimeout;
   }
   return 0;
 }
 
-static __device__ void recordError(gcommDevComm_t* gcomm, const gcommDevComm_t* comm, int code, int peer, int lane,
-                                   int isRecv, int func, long step, unsigned long long got,
-                                   unsigned long long expected) {
+static __device__ void recordError(gcommDevComm_t* gcomm, const gcommDevComm_t* comm, int code,
+                                   int peer, int lane, int isRecv, int func, long step,
+                                   unsigned long long got, unsigned long long expected) {
   gcommDevError_t* e = comm->error;
   if (atomicCAS(&gcomm->claim, 0, 1) != 0) return; /* someone else reports */
   e->peer = peer;
@@ -287,7 +401,8 @@ static __device__ void recordError(gcommDevComm_t* gcomm, const gcommDevComm_t* 
   __threadfence_system();
 }
 
-template <int W> struct KArgs {
+template <int W>
+struct KArgs {
   gcommDevComm_t* comm;
   int nBlocks, nWorks;
   uint16_t first[W + 1];
@@ -295,7 +410,8 @@ template <int W> struct KArgs {
 };
 
 template <int W>
-__global__ void __launch_bounds__(GCOMM_DEV_THREADS) gcommKernel(const __grid_constant__ KArgs<W> a) {
+__global__ void __launch_bounds__(GCOMM_DEV_THREADS)
+    gcommKernel(const __grid_constant__ KArgs<W> a) {
   __shared__ gcommDevComm_t comm;
   __shared__ const char* shIn[2];
   __shared__ char* shOut[2];
@@ -357,8 +473,9 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS) gcommKernel(const __grid_co
       __syncthreads();
       if (shFail) return;
       StepIo io;
-      const char* in = st.src == GCOMM_BUF_IN ? (const char*)w.sendbuff
-                       : st.src == GCOMM_BUF_OUT ? (const char*)w.recvbuff : NULL;
+      const char* in = st.src == GCOMM_BUF_IN    ? (const char*)w.sendbuff
+                       : st.src == GCOMM_BUF_OUT ? (const char*)w.recvbuff
+                                                 : NULL;
       char* out = st.dst == GCOMM_BUF_OUT ? (char*)w.recvbuff : NULL;
       io.src = in ? in + st.srcOff * esz : NULL;
       io.in[0] = shIn[0];
@@ -396,7 +513,8 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS) gcommKernel(const __grid_co
   }
 }
 
-template <int W> static int launch(const gcommDevLaunch_t* src, void* stream) {
+template <int W>
+static int launch(const gcommDevLaunch_t* src, void* stream) {
   KArgs<W> k;
   k.comm = src->comm;
   k.nBlocks = src->nBlocks;

@@ -38,7 +38,7 @@ GCOMM_HD uint16_t gcommFloatToHalf(float f) {
   mag = x & 0x7fffffffu;
   if (mag >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (mag > 0x7f800000u ? 0x200 : 0));
   if (mag >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to >= 65520: inf */
-  if (mag >= 0x38800000u) { /* normal half */
+  if (mag >= 0x38800000u) {                                 /* normal half */
     uint32_t r = mag - 0x38000000u;                         /* rebias exponent 127 -> 15 */
     r = (r + 0xfff + ((r >> 13) & 1)) >> 13;                /* round to nearest even */
     return (uint16_t)(sign | r);
@@ -71,13 +71,17 @@ GCOMM_HD uint16_t gcommFloatToBf16(float f) {
 GCOMM_HD size_t gcommTypeSize(int type) {
   switch (type) {
     case 0:
-    case 1: return 1; /* Int8, Uint8 */
+    case 1:
+      return 1; /* Int8, Uint8 */
     case 6:
-    case 9: return 2; /* Float16, Bfloat16 */
+    case 9:
+      return 2; /* Float16, Bfloat16 */
     case 4:
     case 5:
-    case 8: return 8; /* Int64, Uint64, Float64 */
-    default: return 4;
+    case 8:
+      return 8; /* Int64, Uint64, Float64 */
+    default:
+      return 4;
   }
 }
 

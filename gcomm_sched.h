@@ -62,28 +62,37 @@ typedef struct {
 /* What one channel of one operation needs to compute its steps. */
 typedef struct {
   int func, algo, nranks, rank;
-  int root;         /* root of Broadcast/Reduce/Gather/Scatter; 0 for the AllReduce tree */
-  int peer;         /* Send/Recv */
-  size_t count;     /* per-rank block for AllGather/ReduceScatter/AllToAll/Gather/Scatter, else total */
-  size_t chanOff;   /* this channel's range inside [0, count) */
+  int root;     /* root of Broadcast/Reduce/Gather/Scatter; 0 for the AllReduce tree */
+  int peer;     /* Send/Recv */
+  size_t count; /* per-rank block for AllGather/ReduceScatter/AllToAll/Gather/Scatter, else total */
+  size_t chanOff; /* this channel's range inside [0, count) */
   size_t chanCount;
-  size_t chunk;     /* elements per FIFO slot, a multiple of align */
-  size_t align;     /* chunk boundaries fall on multiples of this many elements */
+  size_t chunk; /* elements per FIFO slot, a multiple of align */
+  size_t align; /* chunk boundaries fall on multiples of this many elements */
 } gcommSched_t;
 
-GCOMM_HD int gcommMod(int a, int n) { return ((a % n) + n) % n; }
-GCOMM_HD size_t gcommDivUp(size_t a, size_t b) { return (a + b - 1) / b; }
-GCOMM_HD size_t gcommMinSize(size_t a, size_t b) { return a < b ? a : b; }
+GCOMM_HD int gcommMod(int a, int n) {
+  return ((a % n) + n) % n;
+}
+GCOMM_HD size_t gcommDivUp(size_t a, size_t b) {
+  return (a + b - 1) / b;
+}
+GCOMM_HD size_t gcommMinSize(size_t a, size_t b) {
+  return a < b ? a : b;
+}
 
 /* The algorithm an operation really runs: a forced one it lacks falls back to one it has. */
 GCOMM_HD int gcommSchedAlgo(int func, int algo) {
   switch (func) {
     case gcommFuncAllReduce:
     case gcommFuncBroadcast:
-    case gcommFuncReduce: return algo;
+    case gcommFuncReduce:
+      return algo;
     case gcommFuncAllGather:
-    case gcommFuncReduceScatter: return algo == gcommAlgoDirect ? gcommAlgoDirect : gcommAlgoRing;
-    default: return gcommAlgoDirect;
+    case gcommFuncReduceScatter:
+      return algo == gcommAlgoDirect ? gcommAlgoDirect : gcommAlgoRing;
+    default:
+      return gcommAlgoDirect;
   }
 }
 
@@ -107,10 +116,14 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
     case gcommFuncAllGather:
     case gcommFuncReduceScatter:
       return s->algo == gcommAlgoDirect ? 2 * n - 1 : n;
-    case gcommFuncAllToAll: return 2 * n - 1;
-    case gcommFuncGather: return r == s->root ? n : 1;
-    case gcommFuncScatter: return r == s->root ? n : 1;
-    default: return 0;
+    case gcommFuncAllToAll:
+      return 2 * n - 1;
+    case gcommFuncGather:
+      return r == s->root ? n : 1;
+    case gcommFuncScatter:
+      return r == s->root ? n : 1;
+    default:
+      return 0;
   }
 }
 
@@ -241,8 +254,10 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
         /* reduce-scatter then all-gather; rank r ends the reduction of chunk r */
         size_t pc = gcommDivUp(gcommDivUp(c, n), s->align) * s->align; /* per-rank chunk */
         int k; /* which rank's chunk this step handles */
-        if (t < n) k = gcommMod(r - 1 - (int)t, n);
-        else k = gcommMod(r - (int)(t - n + 1), n);
+        if (t < n)
+          k = gcommMod(r - 1 - (int)t, n);
+        else
+          k = gcommMod(r - (int)(t - n + 1), n);
         if (t == n - 1) k = r;
         if (t == 2 * n - 2) k = next;
         st->srcOff = st->dstOff = off + gcommMinSize(c, pc * k);
@@ -274,8 +289,10 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
           st->sendPeer[0] = next;
         } else {
           p = gcommDirectPeer(r, n, t, &sending);
-          if (sending) st->sendPeer[0] = p;
-          else st->dst = GCOMM_BUF_OUT;
+          if (sending)
+            st->sendPeer[0] = p;
+          else
+            st->dst = GCOMM_BUF_OUT;
         }
       } else {
         st->dst = GCOMM_BUF_OUT;
@@ -319,8 +336,10 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
         p = gcommMod(r - (int)t, n);
         st->dstOff = p * R + off;
         st->dst = GCOMM_BUF_OUT;
-        if (t == 0) st->src = GCOMM_BUF_IN;
-        else st->recvPeer[0] = prev;
+        if (t == 0)
+          st->src = GCOMM_BUF_IN;
+        else
+          st->recvPeer[0] = prev;
         if (t < n - 1) st->sendPeer[0] = next;
       } else {
         p = gcommDirectPeer(r, n, t, &sending);
@@ -328,8 +347,10 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
           st->src = GCOMM_BUF_IN;
           st->sendPeer[0] = p;
         } else {
-          if (p == r) st->src = GCOMM_BUF_IN;
-          else st->recvPeer[0] = p;
+          if (p == r)
+            st->src = GCOMM_BUF_IN;
+          else
+            st->recvPeer[0] = p;
           st->dst = GCOMM_BUF_OUT;
           st->dstOff = p * R + off;
         }
@@ -363,8 +384,10 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
         st->srcOff = p * R + off;
         st->sendPeer[0] = p;
       } else {
-        if (p == r) st->src = GCOMM_BUF_IN;
-        else st->recvPeer[0] = p;
+        if (p == r)
+          st->src = GCOMM_BUF_IN;
+        else
+          st->recvPeer[0] = p;
         st->srcOff = r * R + off;
         st->dst = GCOMM_BUF_OUT;
         st->dstOff = p * R + off;
@@ -378,8 +401,10 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
         return;
       }
       p = (r + (int)t) % n;
-      if (t == 0) st->src = GCOMM_BUF_IN;
-      else st->recvPeer[0] = p;
+      if (t == 0)
+        st->src = GCOMM_BUF_IN;
+      else
+        st->recvPeer[0] = p;
       st->dst = GCOMM_BUF_OUT;
       st->dstOff = p * R + off;
       return;
@@ -393,8 +418,10 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
       p = gcommDirectPeer(r, n, t, &sending);
       st->src = GCOMM_BUF_IN;
       st->srcOff = p * R + off;
-      if (sending) st->sendPeer[0] = p;
-      else st->dst = GCOMM_BUF_OUT;
+      if (sending)
+        st->sendPeer[0] = p;
+      else
+        st->dst = GCOMM_BUF_OUT;
       return;
   }
 }

@@ -57,8 +57,10 @@ int main(int argc, char** argv) {
   res = gcommAllReduce(buf, buf, count, gcommFloat32, gcommSum, comm, NULL);
   if (rank == victim) {
     while (now() - t0 < afterMs * 1e-3) {
-      if (poll) gcommProgress(comm);
-      else usleep(1000);
+      if (poll)
+        gcommProgress(comm);
+      else
+        usleep(1000);
     }
     printf("netkill: rank %d kills itself %.0f ms into the all-reduce\n", rank, (now() - t0) * 1e3);
     fflush(stdout);

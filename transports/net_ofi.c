@@ -103,8 +103,9 @@ static int isRemote(gcommComm_t comm, int p) {
 /* Auto choice: providers that cannot leave the machine are never picked by themselves (they are
  * for testing: GCOMM_OFI_PROVIDER=shm), tcp and sockets only when nothing better exists. */
 static int provRank(const char* name) {
-  if (strncmp(name, "shm", 3) == 0 || strncmp(name, "sm2", 3) == 0 || strncmp(name, "net", 3) == 0 ||
-      strncmp(name, "udp", 3) == 0 || strstr(name, "ofi_rxd") != NULL || strncmp(name, "ofi_", 4) == 0)
+  if (strncmp(name, "shm", 3) == 0 || strncmp(name, "sm2", 3) == 0 ||
+      strncmp(name, "net", 3) == 0 || strncmp(name, "udp", 3) == 0 ||
+      strstr(name, "ofi_rxd") != NULL || strncmp(name, "ofi_", 4) == 0)
     return -1;
   if (strncmp(name, "tcp", 3) == 0) return 1;
   if (strncmp(name, "sockets", 7) == 0) return 0;
@@ -162,12 +163,12 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
              net->info->domain_attr->name, (unsigned)net->info->domain_attr->mr_mode,
              delivery ? "delivery" : "transmit");
 
-#define OFI_CHECK(call)                                                                         \
-  do {                                                                                          \
-    int e_ = (call);                                                                            \
-    if (e_ != 0)                                                                                \
-      return GCOMM_ERROR(comm, gcommSystemError, -1, "%s: %s (provider %s)", #call,            \
-                         fi_strerror(-e_), net->info->fabric_attr->prov_name);                  \
+#define OFI_CHECK(call)                                                             \
+  do {                                                                              \
+    int e_ = (call);                                                                \
+    if (e_ != 0)                                                                    \
+      return GCOMM_ERROR(comm, gcommSystemError, -1, "%s: %s (provider %s)", #call, \
+                         fi_strerror(-e_), net->info->fabric_attr->prov_name);      \
   } while (0)
   OFI_CHECK(fi_fabric(net->info->fabric_attr, &net->fabric, NULL));
   OFI_CHECK(fi_domain(net->fabric, net->info, &net->domain, NULL));
@@ -249,8 +250,10 @@ static void completeReq(netReq_t* req, size_t len) {
     nc->complete[nc->done % GCOMM_STEPS] = 0;
     nc->done++;
   }
-  if (nc->isSend) __atomic_store_n(&f->head, nc->done, __ATOMIC_RELEASE);
-  else __atomic_store_n(&f->tail, nc->done, __ATOMIC_RELEASE);
+  if (nc->isSend)
+    __atomic_store_n(&f->head, nc->done, __ATOMIC_RELEASE);
+  else
+    __atomic_store_n(&f->tail, nc->done, __ATOMIC_RELEASE);
 }
 
 gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
@@ -315,16 +318,18 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
   }
   if (!anyRemote) return gcommSuccess; /* one node: every rank agrees, nothing to set up */
   if (comm->nranks > (1 << TAG_RANK_BITS) || comm->nLanes > (1 << TAG_LANE_BITS))
-    return GCOMM_ERROR(comm, gcommInvalidUsage, -1, "the network tags hold at most %d ranks and "
-                       "%d lanes", 1 << TAG_RANK_BITS, (1 << TAG_LANE_BITS) - 1);
+    return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
+                       "the network tags hold at most %d ranks and "
+                       "%d lanes",
+                       1 << TAG_RANK_BITS, (1 << TAG_LANE_BITS) - 1);
   struct gcommNet* net = calloc(1, sizeof(*net));
   if (net == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   comm->net = net;
   size_t fb = netFifoBytes(comm);
   net->nConns = nRemote * comm->nLanes * 2;
   net->regionBytes = fb * (net->nConns > 0 ? net->nConns : 1);
-  net->region = mmap(NULL, net->regionBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                     -1, 0);
+  net->region =
+      mmap(NULL, net->regionBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   net->conns = calloc(net->nConns > 0 ? net->nConns : 1, sizeof(netConn_t));
   net->addrs = calloc(comm->nranks, sizeof(fi_addr_t));
   gcommResult_t res = gcommSuccess;
@@ -347,18 +352,21 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
   }
   mine.ok = res == gcommSuccess;
   if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  int mpiErr = MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all, sizeof(mine), MPI_BYTE,
-                             comm->mpiComm);
+  int mpiErr =
+      MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all, sizeof(mine), MPI_BYTE, comm->mpiComm);
   if (mpiErr != MPI_SUCCESS) {
     free(all);
     return GCOMM_ERROR(comm, gcommSystemError, -1, "MPI_Allgather of fabric addresses failed");
   }
   for (int p = 0; p < comm->nranks && res == gcommSuccess; p++) {
     if (!all[p].ok) {
-      res = GCOMM_ERROR(comm, gcommRemoteError, p, "rank %d could not open its network endpoint", p);
+      res =
+          GCOMM_ERROR(comm, gcommRemoteError, p, "rank %d could not open its network endpoint", p);
     } else if (strcmp(all[p].prov, mine.prov) != 0) {
-      res = GCOMM_ERROR(comm, gcommInvalidUsage, p, "rank %d uses provider %s, this rank %s "
-                        "(set GCOMM_OFI_PROVIDER the same everywhere)", p, all[p].prov, mine.prov);
+      res = GCOMM_ERROR(comm, gcommInvalidUsage, p,
+                        "rank %d uses provider %s, this rank %s "
+                        "(set GCOMM_OFI_PROVIDER the same everywhere)",
+                        p, all[p].prov, mine.prov);
     } else if (isRemote(comm, p)) {
       int n = fi_av_insert(net->av, all[p].addr, 1, &net->addrs[p], 0, NULL);
       if (n != 1)
@@ -395,8 +403,8 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
   int moved = 0;
   for (int i = 0; i < net->nConns; i++) GCOMM_CHECK(postConn(comm, net, &net->conns[i], &moved));
   GCOMM_INFO(GCOMM_SUBSYS_NET | GCOMM_SUBSYS_INIT, comm,
-             "%d remote ranks, %d network FIFOs of %zu bytes (provider %s)", nRemote,
-             net->nConns, fb, mine.prov);
+             "%d remote ranks, %d network FIFOs of %zu bytes (provider %s)", nRemote, net->nConns,
+             fb, mine.prov);
   return gcommSuccess;
 }
 

@@ -20,8 +20,8 @@
 #include "gcomm_gpu.h" /* CUDA, or HIP (GCOMM_HIP) under the same cuda* names */
 
 struct gcommDev {
-  char* region;            /* this rank's region (cudaMalloc) */
-  char** peerRegion;       /* [rank]: opened IPC mapping, NULL for self and remote ranks */
+  char* region;      /* this rank's region (cudaMalloc) */
+  char** peerRegion; /* [rank]: opened IPC mapping, NULL for self and remote ranks */
   size_t fifoBytes, regionBytes, headOff, stepOff;
   gcommDevComm_t host;     /* host copy of the device communicator */
   gcommDevComm_t* devComm; /* device copy */
@@ -30,12 +30,12 @@ struct gcommDev {
   gcommDevLaunch_t* args;  /* staging of one launch's parameters */
 };
 
-#define CUDA_CHECK(comm, peer, call)                                                           \
-  do {                                                                                         \
-    cudaError_t e_ = (call);                                                                   \
-    if (e_ != cudaSuccess)                                                                     \
-      return GCOMM_ERROR(comm, gcommDeviceError, peer, "%s failed: %s (%s)", #call,            \
-                         cudaGetErrorName(e_), cudaGetErrorString(e_));                        \
+#define CUDA_CHECK(comm, peer, call)                                                \
+  do {                                                                              \
+    cudaError_t e_ = (call);                                                        \
+    if (e_ != cudaSuccess)                                                          \
+      return GCOMM_ERROR(comm, gcommDeviceError, peer, "%s failed: %s (%s)", #call, \
+                         cudaGetErrorName(e_), cudaGetErrorString(e_));             \
   } while (0)
 
 static int localIndex(gcommComm_t comm, int rank) {
@@ -62,11 +62,11 @@ gcommResult_t gcommDeviceSelect(gcommComm_t comm, const gcommConfig_t* config) {
 }
 
 /* Runs with comm's device current, restoring the caller's. */
-#define WITH_DEVICE(comm, old)                                                                 \
-  int old = -1;                                                                                \
-  cudaGetDevice(&old);                                                                         \
+#define WITH_DEVICE(comm, old) \
+  int old = -1;                \
+  cudaGetDevice(&old);         \
   if (old != (comm)->device) cudaSetDevice((comm)->device)
-#define RESTORE_DEVICE(comm, old)                                                              \
+#define RESTORE_DEVICE(comm, old) \
   if (old >= 0 && old != (comm)->device) cudaSetDevice(old)
 
 gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card) {
@@ -92,10 +92,12 @@ gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card) {
   memset(d->hostMapped, 0, 4096);
   cudaIpcMemHandle_t h;
   CUDA_CHECK(comm, -1, cudaIpcGetMemHandle(&h, d->region));
-  memcpy(card->devHandle, &h, sizeof(h) < sizeof(card->devHandle) ? sizeof(h) : sizeof(card->devHandle));
+  memcpy(card->devHandle, &h,
+         sizeof(h) < sizeof(card->devHandle) ? sizeof(h) : sizeof(card->devHandle));
   CUDA_CHECK(comm, -1, cudaDeviceSynchronize());
-  GCOMM_INFO(GCOMM_SUBSYS_INIT, comm, "GPU %d: FIFO region of %zu bytes (%d local ranks x %d lanes)",
-             comm->device, d->regionBytes, comm->nLocal, comm->nLanes);
+  GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
+             "GPU %d: FIFO region of %zu bytes (%d local ranks x %d lanes)", comm->device,
+             d->regionBytes, comm->nLocal, comm->nLanes);
   return gcommSuccess;
 }
 
@@ -109,7 +111,8 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
     if (pd < 0)
       return GCOMM_ERROR(comm, gcommInvalidUsage, p,
                          "rank %d has a host communicator and this rank a GPU one: every rank "
-                         "must choose alike (config.device)", p);
+                         "must choose alike (config.device)",
+                         p);
     if (pd != comm->device) {
       int can = 0;
       CUDA_CHECK(comm, p, cudaDeviceCanAccessPeer(&can, comm->device, pd));
@@ -140,22 +143,25 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
       hc[i].tail = (volatile uint64_t*)f;
       hc[i].bytes = (volatile uint64_t*)(f + 64);
       hc[i].slots = f + GCOMM_DEV_FIFO_HDR;
-      hc[i].head = (volatile uint64_t*)(d->region + d->headOff +
-                                        ((size_t)pIdx * comm->nLanes + lane) * GCOMM_DEV_HEAD_BYTES);
+      hc[i].head =
+          (volatile uint64_t*)(d->region + d->headOff +
+                               ((size_t)pIdx * comm->nLanes + lane) * GCOMM_DEV_HEAD_BYTES);
       hc[i].step = steps + i;
       /* receive from p: my FIFO [p][lane], head in p's region [me][lane] */
       f = d->region + ((size_t)pIdx * comm->nLanes + lane) * d->fifoBytes;
       hc[nc + i].tail = (volatile uint64_t*)f;
       hc[nc + i].bytes = (volatile uint64_t*)(f + 64);
       hc[nc + i].slots = f + GCOMM_DEV_FIFO_HDR;
-      hc[nc + i].head = (volatile uint64_t*)(peer + d->headOff +
-                                             ((size_t)myIdx * comm->nLanes + lane) * GCOMM_DEV_HEAD_BYTES);
+      hc[nc + i].head =
+          (volatile uint64_t*)(peer + d->headOff +
+                               ((size_t)myIdx * comm->nLanes + lane) * GCOMM_DEV_HEAD_BYTES);
       hc[nc + i].step = steps + nc + i;
     }
   }
   gcommResult_t res = gcommSuccess;
   cudaError_t e = cudaMalloc((void**)&d->conns, 2 * nc * sizeof(gcommDevConn_t));
-  if (e == cudaSuccess) e = cudaMemcpy(d->conns, hc, 2 * nc * sizeof(gcommDevConn_t), cudaMemcpyHostToDevice);
+  if (e == cudaSuccess)
+    e = cudaMemcpy(d->conns, hc, 2 * nc * sizeof(gcommDevConn_t), cudaMemcpyHostToDevice);
   free(hc);
   if (e != cudaSuccess)
     return GCOMM_ERROR(comm, gcommDeviceError, -1, "connection table: %s", cudaGetErrorString(e));
@@ -173,11 +179,14 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
   d->host.error = errDev;
   d->host.timeoutNs = (unsigned long long)comm->params.timeoutMs * 1000000ull;
   CUDA_CHECK(comm, -1, cudaMalloc((void**)&d->devComm, sizeof(gcommDevComm_t)));
-  CUDA_CHECK(comm, -1, cudaMemcpy(d->devComm, &d->host, sizeof(gcommDevComm_t), cudaMemcpyHostToDevice));
+  CUDA_CHECK(comm, -1,
+             cudaMemcpy(d->devComm, &d->host, sizeof(gcommDevComm_t), cudaMemcpyHostToDevice));
   return res;
 }
 
-static volatile int* hostAbort(struct gcommDev* d) { return (volatile int*)d->hostMapped; }
+static volatile int* hostAbort(struct gcommDev* d) {
+  return (volatile int*)d->hostMapped;
+}
 static gcommDevError_t* hostError(struct gcommDev* d) {
   return (gcommDevError_t*)((char*)d->hostMapped + 64);
 }
@@ -212,8 +221,10 @@ gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* s
         if (wk->queue != q) continue;
         if (a->nWorks == GCOMM_DEV_MAX_WORKS || (!opened && a->nBlocks == GCOMM_DEV_MAX_WORKS)) {
           /* too many for one launch: launch what we have; queues stay ordered on the stream */
-          GCOMM_WARN(comm, "a group of more than %d works is split into several launches: "
-                     "point-to-point inside it may deadlock", GCOMM_DEV_MAX_WORKS);
+          GCOMM_WARN(comm,
+                     "a group of more than %d works is split into several launches: "
+                     "point-to-point inside it may deadlock",
+                     GCOMM_DEV_MAX_WORKS);
           res = launchBatch(comm, a, stream);
           if (res != gcommSuccess) break;
           a->nBlocks = a->nWorks = 0;
@@ -242,8 +253,8 @@ gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* s
 }
 
 static const char* const funcName[gcommNumFuncs] = {
-    "AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
-    "AllToAll",  "Gather",    "Scatter", "Send",     "Recv"};
+    "AllReduce", "Broadcast", "Reduce",  "AllGather", "ReduceScatter",
+    "AllToAll",  "Gather",    "Scatter", "Send",      "Recv"};
 
 /* The kernels' recorded failure, as this rank's error. */
 static gcommResult_t kernelError(gcommComm_t comm, const char* where) {

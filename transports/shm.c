@@ -94,8 +94,8 @@ gcommResult_t gcommShmConnect(gcommComm_t comm) {
     if (p != me) {
       int fd = shm_open(comm->cards[p].shmName, O_RDWR, 0600);
       if (fd < 0)
-        return GCOMM_ERROR(comm, gcommSystemError, p, "shm_open(%s): %s",
-                           comm->cards[p].shmName, strerror(errno));
+        return GCOMM_ERROR(comm, gcommSystemError, p, "shm_open(%s): %s", comm->cards[p].shmName,
+                           strerror(errno));
       void* m = mmap(NULL, shm->segBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       int err = errno;
       close(fd);

@@ -17,29 +17,29 @@
 
 static int rank, nranks, failures, checks;
 
-#define CK(call)                                                                              \
-  do {                                                                                        \
-    gcommResult_t r_ = (call);                                                                \
-    if (r_ != gcommSuccess) {                                                                 \
-      fprintf(stderr, "rank %d: %s:%d %s -> %s: %s\n", rank, __FILE__, __LINE__, #call,       \
-              gcommGetErrorString(r_), gcommGetLastError(NULL));                              \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                           \
-    }                                                                                         \
+#define CK(call)                                                                        \
+  do {                                                                                  \
+    gcommResult_t r_ = (call);                                                          \
+    if (r_ != gcommSuccess) {                                                           \
+      fprintf(stderr, "rank %d: %s:%d %s -> %s: %s\n", rank, __FILE__, __LINE__, #call, \
+              gcommGetErrorString(r_), gcommGetLastError(NULL));                        \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                     \
+    }                                                                                   \
   } while (0)
-#define CU(call)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (call);                                                                  \
-    if (e_ != cudaSuccess) {                                                                  \
-      fprintf(stderr, "rank %d: %s:%d %s -> %s\n", rank, __FILE__, __LINE__, #call,           \
-              cudaGetErrorString(e_));                                                        \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                           \
-    }                                                                                         \
+#define CU(call)                                                                    \
+  do {                                                                              \
+    cudaError_t e_ = (call);                                                        \
+    if (e_ != cudaSuccess) {                                                        \
+      fprintf(stderr, "rank %d: %s:%d %s -> %s\n", rank, __FILE__, __LINE__, #call, \
+              cudaGetErrorString(e_));                                              \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                 \
+    }                                                                               \
   } while (0)
 
-static const char* fnames[] = {"AllReduce", "Broadcast", "Reduce",  "AllGather",
-                               "ReduceScatter", "AllToAll", "Gather", "Scatter"};
-static const char* tnames[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "half",
-                               "float", "double", "bf16"};
+static const char* fnames[] = {"AllReduce",     "Broadcast", "Reduce", "AllGather",
+                               "ReduceScatter", "AllToAll",  "Gather", "Scatter"};
+static const char* tnames[] = {"int8",   "uint8", "int32", "uint32", "int64",
+                               "uint64", "half",  "float", "double", "bf16"};
 
 /* input value of rank r at element i: a small integer */
 static int val(int r, size_t i, int op, int seed) {
@@ -53,16 +53,36 @@ static int val(int r, size_t i, int op, int seed) {
 
 static void put(void* buf, int dt, size_t i, double v) {
   switch (dt) {
-    case 0: ((int8_t*)buf)[i] = (int8_t)(int64_t)v; break;
-    case 1: ((uint8_t*)buf)[i] = (uint8_t)(int64_t)v; break;
-    case 2: ((int32_t*)buf)[i] = (int32_t)(int64_t)v; break;
-    case 3: ((uint32_t*)buf)[i] = (uint32_t)(int64_t)v; break;
-    case 4: ((int64_t*)buf)[i] = (int64_t)v; break;
-    case 5: ((uint64_t*)buf)[i] = (uint64_t)(int64_t)v; break;
-    case 6: ((uint16_t*)buf)[i] = gcommFloatToHalf((float)v); break;
-    case 7: ((float*)buf)[i] = (float)v; break;
-    case 8: ((double*)buf)[i] = v; break;
-    default: ((uint16_t*)buf)[i] = gcommFloatToBf16((float)v); break;
+    case 0:
+      ((int8_t*)buf)[i] = (int8_t)(int64_t)v;
+      break;
+    case 1:
+      ((uint8_t*)buf)[i] = (uint8_t)(int64_t)v;
+      break;
+    case 2:
+      ((int32_t*)buf)[i] = (int32_t)(int64_t)v;
+      break;
+    case 3:
+      ((uint32_t*)buf)[i] = (uint32_t)(int64_t)v;
+      break;
+    case 4:
+      ((int64_t*)buf)[i] = (int64_t)v;
+      break;
+    case 5:
+      ((uint64_t*)buf)[i] = (uint64_t)(int64_t)v;
+      break;
+    case 6:
+      ((uint16_t*)buf)[i] = gcommFloatToHalf((float)v);
+      break;
+    case 7:
+      ((float*)buf)[i] = (float)v;
+      break;
+    case 8:
+      ((double*)buf)[i] = v;
+      break;
+    default:
+      ((uint16_t*)buf)[i] = gcommFloatToBf16((float)v);
+      break;
   }
 }
 
@@ -72,39 +92,55 @@ static void refReduce(void* out, size_t oi, int dt, int op, size_t i, int seed) 
     double acc = val(0, i, op, seed);
     for (int r = 1; r < nranks; r++) {
       double v = val(r, i, op, seed);
-      if (op == gcommSum || op == gcommAvg) acc += v;
-      else if (op == gcommProd) acc *= v;
-      else if (op == gcommMax) acc = v > acc ? v : acc;
-      else acc = v < acc ? v : acc;
+      if (op == gcommSum || op == gcommAvg)
+        acc += v;
+      else if (op == gcommProd)
+        acc *= v;
+      else if (op == gcommMax)
+        acc = v > acc ? v : acc;
+      else
+        acc = v < acc ? v : acc;
     }
     if (op == gcommAvg) {
-      if (dt == 8) acc = acc / nranks;
-      else acc = (float)acc / (float)nranks; /* rounded by put */
+      if (dt == 8)
+        acc = acc / nranks;
+      else
+        acc = (float)acc / (float)nranks; /* rounded by put */
     }
     put(out, dt, oi, acc);
     return;
   }
-#define INTREF(T, U)                                                                  \
-  {                                                                                   \
-    T acc = (T)val(0, i, op, seed);                                                   \
-    for (int r = 1; r < nranks; r++) {                                                \
-      T v = (T)val(r, i, op, seed);                                                   \
-      if (op == gcommSum || op == gcommAvg) acc = (T)((U)acc + (U)v);                 \
-      else if (op == gcommProd) acc = (T)((U)acc * (U)v);                             \
-      else if (op == gcommMax) acc = v > acc ? v : acc;                               \
-      else acc = v < acc ? v : acc;                                                   \
-    }                                                                                 \
-    if (op == gcommAvg) acc = (T)(acc / (T)nranks);                                   \
-    ((T*)out)[oi] = acc;                                                              \
-    return;                                                                           \
+#define INTREF(T, U)                                \
+  {                                                 \
+    T acc = (T)val(0, i, op, seed);                 \
+    for (int r = 1; r < nranks; r++) {              \
+      T v = (T)val(r, i, op, seed);                 \
+      if (op == gcommSum || op == gcommAvg)         \
+        acc = (T)((U)acc + (U)v);                   \
+      else if (op == gcommProd)                     \
+        acc = (T)((U)acc * (U)v);                   \
+      else if (op == gcommMax)                      \
+        acc = v > acc ? v : acc;                    \
+      else                                          \
+        acc = v < acc ? v : acc;                    \
+    }                                               \
+    if (op == gcommAvg) acc = (T)(acc / (T)nranks); \
+    ((T*)out)[oi] = acc;                            \
+    return;                                         \
   }
   switch (dt) {
-    case 0: INTREF(int8_t, uint8_t)
-    case 1: INTREF(uint8_t, uint8_t)
-    case 2: INTREF(int32_t, uint32_t)
-    case 3: INTREF(uint32_t, uint32_t)
-    case 4: INTREF(int64_t, uint64_t)
-    default: INTREF(uint64_t, uint64_t)
+    case 0:
+      INTREF(int8_t, uint8_t)
+    case 1:
+      INTREF(uint8_t, uint8_t)
+    case 2:
+      INTREF(int32_t, uint32_t)
+    case 3:
+      INTREF(uint32_t, uint32_t)
+    case 4:
+      INTREF(int64_t, uint64_t)
+    default:
+      INTREF(uint64_t, uint64_t)
   }
 }
 
@@ -117,10 +153,10 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
   int n = nranks, root = (seed % n);
   size_t esz = gcommTypeSize(dt);
   size_t inCount = count, outCount = count;
-  if (f == 3 || f == 6) outCount = count * n;            /* AllGather, Gather */
-  if (f == 4 || f == 7) inCount = count * n;             /* ReduceScatter, Scatter */
-  if (f == 5) inCount = outCount = count * n;            /* AllToAll */
-  if (f == 5 && inPlace) return 0;                       /* no in-place AllToAll */
+  if (f == 3 || f == 6) outCount = count * n; /* AllGather, Gather */
+  if (f == 4 || f == 7) inCount = count * n;  /* ReduceScatter, Scatter */
+  if (f == 5) inCount = outCount = count * n; /* AllToAll */
+  if (f == 5 && inPlace) return 0;            /* no in-place AllToAll */
   int isRed = f == 0 || f == 2 || f == 4;
   /* inputs: element j of the whole input of rank r */
   for (size_t j = 0; j < inCount; j++) put(hIn, dt, j, val(rank, j, op, seed));
@@ -129,9 +165,13 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
   char* sendbuf = dIn;
   char* recvbuf = dOut;
   if (inPlace) {
-    if (f == 3 || f == 6) sendbuf = dOut + rank * count * esz;  /* AllGather, Gather */
-    else if (f == 4 || f == 7) { sendbuf = dOut; recvbuf = dOut + rank * count * esz; }
-    else sendbuf = dOut;
+    if (f == 3 || f == 6)
+      sendbuf = dOut + rank * count * esz; /* AllGather, Gather */
+    else if (f == 4 || f == 7) {
+      sendbuf = dOut;
+      recvbuf = dOut + rank * count * esz;
+    } else
+      sendbuf = dOut;
     if (f == 4 || f == 7) {
       CU(cudaMemcpy(dOut, hIn, inCount * esz, cudaMemcpyHostToDevice));
     } else if (f == 3 || f == 6) {
@@ -146,31 +186,60 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
    * the legacy stream: finish the copies first */
   CU(cudaDeviceSynchronize());
   switch (f) {
-    case 0: CK(gcommAllReduce(sendbuf, recvbuf, count, dt, op, comm, s)); break;
-    case 1: CK(gcommBroadcast(sendbuf, recvbuf, count, dt, root, comm, s)); break;
-    case 2: CK(gcommReduce(sendbuf, recvbuf, count, dt, op, root, comm, s)); break;
-    case 3: CK(gcommAllGather(sendbuf, recvbuf, count, dt, comm, s)); break;
-    case 4: CK(gcommReduceScatter(sendbuf, recvbuf, count, dt, op, comm, s)); break;
-    case 5: CK(gcommAllToAll(sendbuf, recvbuf, count, dt, comm, s)); break;
-    case 6: CK(gcommGather(sendbuf, recvbuf, count, dt, root, comm, s)); break;
-    case 7: CK(gcommScatter(sendbuf, recvbuf, count, dt, root, comm, s)); break;
+    case 0:
+      CK(gcommAllReduce(sendbuf, recvbuf, count, dt, op, comm, s));
+      break;
+    case 1:
+      CK(gcommBroadcast(sendbuf, recvbuf, count, dt, root, comm, s));
+      break;
+    case 2:
+      CK(gcommReduce(sendbuf, recvbuf, count, dt, op, root, comm, s));
+      break;
+    case 3:
+      CK(gcommAllGather(sendbuf, recvbuf, count, dt, comm, s));
+      break;
+    case 4:
+      CK(gcommReduceScatter(sendbuf, recvbuf, count, dt, op, comm, s));
+      break;
+    case 5:
+      CK(gcommAllToAll(sendbuf, recvbuf, count, dt, comm, s));
+      break;
+    case 6:
+      CK(gcommGather(sendbuf, recvbuf, count, dt, root, comm, s));
+      break;
+    case 7:
+      CK(gcommScatter(sendbuf, recvbuf, count, dt, root, comm, s));
+      break;
   }
   CK(gcommWait(comm, s));
   size_t checkCount = outCount;
   if (f == 4 || f == 7) checkCount = count;
   if ((f == 2 || f == 6) && rank != root) checkCount = 0;
-  if (checkCount)
-    CU(cudaMemcpy(hOut, recvbuf, checkCount * esz, cudaMemcpyDeviceToHost));
+  if (checkCount) CU(cudaMemcpy(hOut, recvbuf, checkCount * esz, cudaMemcpyDeviceToHost));
   /* reference */
   memset(hRef, 0xAB, checkCount * esz);
   for (size_t k = 0; k < checkCount; k++) {
     switch (f) {
-      case 0: case 2: refReduce(hRef, k, dt, op, k, seed); break;
-      case 4: refReduce(hRef, k, dt, op, rank * count + k, seed); break;
-      case 1: put(hRef, dt, k, val(root, k, op, seed)); break;
-      case 3: case 6: put(hRef, dt, k, val((int)(k / count), k % count, op, seed)); break;
-      case 5: put(hRef, dt, k, val((int)(k / count), rank * count + k % count, op, seed)); break;
-      case 7: put(hRef, dt, k, val(root, rank * count + k, op, seed)); break;
+      case 0:
+      case 2:
+        refReduce(hRef, k, dt, op, k, seed);
+        break;
+      case 4:
+        refReduce(hRef, k, dt, op, rank * count + k, seed);
+        break;
+      case 1:
+        put(hRef, dt, k, val(root, k, op, seed));
+        break;
+      case 3:
+      case 6:
+        put(hRef, dt, k, val((int)(k / count), k % count, op, seed));
+        break;
+      case 5:
+        put(hRef, dt, k, val((int)(k / count), rank * count + k % count, op, seed));
+        break;
+      case 7:
+        put(hRef, dt, k, val(root, rank * count + k, op, seed));
+        break;
     }
   }
   checks++;
@@ -181,8 +250,10 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
     memcpy(&got, hOut + k * esz, esz);
     memcpy(&want, hRef + k * esz, esz);
     if (failures++ < 20)
-      fprintf(stderr, "FAIL rank %d: %s %s %s%s algo %s count %zu %s root %d: element %zu is "
-              "0x%llx, expected 0x%llx\n", rank, fnames[f], tnames[dt], isRed ? "op " : "",
+      fprintf(stderr,
+              "FAIL rank %d: %s %s %s%s algo %s count %zu %s root %d: element %zu is "
+              "0x%llx, expected 0x%llx\n",
+              rank, fnames[f], tnames[dt], isRed ? "op " : "",
               isRed ? (const char*[]){"sum", "prod", "max", "min", "avg"}[op] : "", algo, count,
               inPlace ? "in-place" : "out-of-place", root, k, got, want);
     return 1;
@@ -238,7 +309,8 @@ int main(int argc, char** argv) {
         for (int op = 0; op < (isRed ? 5 : 1); op++) {
           if (quick && isRed && op > 0 && dt != 7 && dt != 6) continue;
           for (int c = 0; c < nCounts; c++)
-            for (int ip = 0; ip < 2; ip++) runCase(comm, s, f, dt, op, counts[c], ip, seed++, algos[a]);
+            for (int ip = 0; ip < 2; ip++)
+              runCase(comm, s, f, dt, op, counts[c], ip, seed++, algos[a]);
         }
       }
     }
@@ -280,11 +352,13 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < cnt; i++)
       bad += g[i] != (float)(1000 * nranks * (nranks - 1) / 2 + nranks * (i % 1000));
     CU(cudaMemcpy(g, dD, cnt * 4 * nranks, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < cnt * nranks; i++) bad += g[i] != (float)((i / cnt) * 1000 + (i % cnt) % 1000);
+    for (size_t i = 0; i < cnt * nranks; i++)
+      bad += g[i] != (float)((i / cnt) * 1000 + (i % cnt) % 1000);
     checks++;
     if (bad) {
       failures++;
-      fprintf(stderr, "FAIL rank %d: group send/recv/allreduce/allgather: %d bad elements\n", rank, bad);
+      fprintf(stderr, "FAIL rank %d: group send/recv/allreduce/allgather: %d bad elements\n", rank,
+              bad);
     }
     if (rank == 0) printf("group send/recv+allreduce+allgather: %s\n", bad ? "FAILED" : "ok");
 
