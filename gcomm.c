@@ -1184,6 +1184,14 @@ static double predictUs(int func, int algo, int n, double bytes) {
 
 static int chooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   if (comm->params.algo >= 0) return gcommSchedAlgo(func, comm->params.algo);
+#ifdef GCOMM_GPU
+  /* GPUs (measured on 2 H200s, docs/PERF.md): every FIFO hop costs ~5 us, so the one-shot
+   * all-reduce (2 hops) wins while each rank's (n-1) copies stay small; elsewhere the ring. */
+  if (comm->device >= 0) {
+    int small = func == gcommFuncAllReduce && bytes * (size_t)(comm->nranks - 1) <= (2u << 20);
+    return gcommSchedAlgo(func, small ? gcommAlgoDirect : gcommAlgoRing);
+  }
+#endif
   int best = gcommSchedAlgo(func, gcommAlgoRing);
   double bestUs = predictUs(func, best, comm->nranks, (double)bytes);
   for (int a = 0; a < gcommNumAlgos; a++) {
