@@ -213,6 +213,27 @@ GCOMM_HD void gcommDirectReduce(int r, int n, long t, size_t blk, size_t off, gc
   }
 }
 
+/* A direct exchange: send input block p (at p*blk) to each rank p, copy this rank's own block,
+ * and put what rank p sent at output block p (at p*R). blk is 0 when every rank sends the same
+ * block (AllGather), R when each peer gets its own (AllToAll). */
+GCOMM_HD void gcommDirectExchange(int r, int n, long t, size_t blk, size_t R, size_t off,
+                                  gcommStep_t* st) {
+  int sending, p = gcommDirectPeer(r, n, t, &sending);
+  st->src = GCOMM_BUF_IN;
+  if (sending) {
+    st->srcOff = p * blk + off;
+    st->sendPeer[0] = p;
+    return;
+  }
+  if (p != r) {
+    st->src = GCOMM_BUF_NONE;
+    st->recvPeer[0] = p;
+  }
+  st->srcOff = r * blk + off;
+  st->dst = GCOMM_BUF_OUT;
+  st->dstOff = p * R + off;
+}
+
 /* Step number `step` (0 <= step < gcommSchedNumSteps) of this rank. */
 GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* st) {
   int n = s->nranks, r = s->rank;
@@ -342,18 +363,7 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
           st->recvPeer[0] = prev;
         if (t < n - 1) st->sendPeer[0] = next;
       } else {
-        p = gcommDirectPeer(r, n, t, &sending);
-        if (sending) {
-          st->src = GCOMM_BUF_IN;
-          st->sendPeer[0] = p;
-        } else {
-          if (p == r)
-            st->src = GCOMM_BUF_IN;
-          else
-            st->recvPeer[0] = p;
-          st->dst = GCOMM_BUF_OUT;
-          st->dstOff = p * R + off;
-        }
+        gcommDirectExchange(r, n, t, 0, R, off, st); /* every rank sends the same block */
       }
       return;
 
@@ -378,20 +388,7 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
       return;
 
     case gcommFuncAllToAll:
-      p = gcommDirectPeer(r, n, t, &sending);
-      if (sending) {
-        st->src = GCOMM_BUF_IN;
-        st->srcOff = p * R + off;
-        st->sendPeer[0] = p;
-      } else {
-        if (p == r)
-          st->src = GCOMM_BUF_IN;
-        else
-          st->recvPeer[0] = p;
-        st->srcOff = r * R + off;
-        st->dst = GCOMM_BUF_OUT;
-        st->dstOff = p * R + off;
-      }
+      gcommDirectExchange(r, n, t, R, R, off, st);
       return;
 
     case gcommFuncGather:
