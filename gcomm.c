@@ -415,6 +415,15 @@ static char* opBuffer(const gcommOp_t* op, int which) {
 static const char* const funcNames[gcommNumFuncs] = {
     "AllReduce", "Broadcast", "Reduce",  "AllGather", "ReduceScatter",
     "AllToAll",  "Gather",    "Scatter", "Send",      "Recv"};
+const char* gcommFuncName(int func) {
+  return (unsigned)func < gcommNumFuncs ? funcNames[func] : "?";
+}
+
+int gcommLocalIndex(gcommComm_t comm, int rank) {
+  int idx = 0;
+  for (int q = 0; q < rank; q++) idx += comm->cards[q].hostId == comm->cards[rank].hostId;
+  return idx;
+}
 static const char* const typeNames[gcommNumTypes] = {"int8",    "uint8",   "int32",   "uint32",
                                                      "int64",   "uint64",  "float16", "float32",
                                                      "float64", "bfloat16"};

@@ -48,6 +48,10 @@ gcommResult_t gcommSetError(gcommComm_t comm, gcommResult_t res, int peer, const
   } while (0)
 
 uint64_t gcommNowNs(void);
+/* "AllReduce", "Broadcast", ... for logs and errors. */
+const char* gcommFuncName(int func);
+/* A rank's index among the ranks of its node (cards must be filled). */
+int gcommLocalIndex(gcommComm_t comm, int rank);
 
 /* ---- Parameters: one table in gcomm.c, read at communicator init ---- */
 typedef struct {

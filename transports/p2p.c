@@ -38,12 +38,6 @@ struct gcommDev {
                          cudaGetErrorName(e_), cudaGetErrorString(e_));             \
   } while (0)
 
-static int localIndex(gcommComm_t comm, int rank) {
-  int idx = 0;
-  for (int q = 0; q < rank; q++) idx += comm->cards[q].hostId == comm->cards[rank].hostId;
-  return idx;
-}
-
 gcommResult_t gcommDeviceSelect(gcommComm_t comm, const gcommConfig_t* config) {
   int want = config ? config->device : GCOMM_CONFIG_UNDEF_INT, count = 0;
   comm->device = GCOMM_DEVICE_HOST;
@@ -103,7 +97,7 @@ gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card) {
 
 gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
   struct gcommDev* d = comm->dev;
-  int me = comm->rank, n = comm->nranks, myIdx = localIndex(comm, me);
+  int me = comm->rank, n = comm->nranks, myIdx = gcommLocalIndex(comm, me);
   CUDA_CHECK(comm, -1, cudaSetDevice(comm->device));
   for (int p = 0; p < n; p++) {
     if (p == me || comm->cards[p].hostId != comm->cards[me].hostId) continue;
@@ -135,7 +129,7 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
   for (int p = 0; p < n; p++) {
     if (comm->cards[p].hostId != comm->cards[me].hostId) continue;
     char* peer = p == me ? d->region : d->peerRegion[p];
-    int pIdx = localIndex(comm, p);
+    int pIdx = gcommLocalIndex(comm, p);
     for (int lane = 0; lane < comm->nLanes; lane++) {
       size_t i = (size_t)lane * n + p;
       /* send to p: p's FIFO [me][lane], head in my region [p][lane] */
@@ -252,17 +246,13 @@ gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* s
   return res;
 }
 
-static const char* const funcName[gcommNumFuncs] = {
-    "AllReduce", "Broadcast", "Reduce",  "AllGather", "ReduceScatter",
-    "AllToAll",  "Gather",    "Scatter", "Send",      "Recv"};
-
 /* The kernels' recorded failure, as this rank's error. */
 static gcommResult_t kernelError(gcommComm_t comm, const char* where) {
   gcommDevError_t* e = hostError(comm->dev);
   int code = e->code;
   if (code == 0) return gcommSuccess;
   __atomic_store_n(&comm->asyncError, code, __ATOMIC_RELEASE);
-  const char* fn = (unsigned)e->func < gcommNumFuncs ? funcName[e->func] : "?";
+  const char* fn = gcommFuncName(e->func);
   if (code == gcommAborted)
     return gcommSetError(comm, gcommAborted, -1, where, "the communicator was aborted");
   if (code == gcommInvalidUsage)

@@ -26,12 +26,6 @@ struct gcommShm {
   char name[64]; /* this rank's segment */
 };
 
-static int localIndex(gcommComm_t comm, int rank) {
-  int idx = 0;
-  for (int q = 0; q < rank; q++) idx += comm->cards[q].hostId == comm->cards[rank].hostId;
-  return idx;
-}
-
 static size_t fifoBytes(gcommComm_t comm) {
   size_t b = sizeof(gcommFifo_t) + GCOMM_STEPS * comm->slotBytes;
   return (b + 4095) & ~(size_t)4095;
@@ -88,7 +82,7 @@ static gcommConn_t makeConn(struct gcommShm* shm, void* seg, int senderIdx, int 
 
 gcommResult_t gcommShmConnect(gcommComm_t comm) {
   struct gcommShm* shm = comm->shm;
-  int me = comm->rank, myIdx = localIndex(comm, me);
+  int me = comm->rank, myIdx = gcommLocalIndex(comm, me);
   for (int p = 0; p < comm->nranks; p++) {
     if (comm->cards[p].hostId != comm->cards[me].hostId) continue;
     if (p != me) {
@@ -104,7 +98,7 @@ gcommResult_t gcommShmConnect(gcommComm_t comm) {
                            strerror(err));
       shm->maps[p] = m;
     }
-    int peerIdx = localIndex(comm, p);
+    int peerIdx = gcommLocalIndex(comm, p);
     for (int lane = 0; lane < comm->nLanes; lane++) {
       comm->sendConns[lane * comm->nranks + p] =
           makeConn(shm, shm->maps[p], myIdx, lane, comm->nLanes, comm->slotBytes, p);
