@@ -37,6 +37,7 @@
 enum { PARAM_INT, PARAM_SIZE, PARAM_ENUM, PARAM_STR, PARAM_LOG };
 
 static const char* const algoNames[] = {"ring", "tree", "direct", NULL};
+static const char* const protoNames[] = {"simple", "ll", NULL};
 static const char* const proxyModeNames[] = {"thread", "poll", NULL};
 
 typedef struct {
@@ -58,6 +59,8 @@ static const gcommParamDef_t paramTable[] = {
      "log to this file instead of stderr; %h is the host name, %p the pid"},
     {"GCOMM_ALGO", "", PARAM_ENUM, PARAM_AT(algo), algoNames, 0, 0,
      "force the algorithm: ring, tree or direct (default: the cost model picks)"},
+    {"GCOMM_PROTO", "", PARAM_ENUM, PARAM_AT(proto), protoNames, 0, 0,
+     "GPU communicators: force the protocol, simple or ll (default: the cost model picks)"},
     {"GCOMM_NCHANNELS", "2", PARAM_INT, PARAM_AT(nChannels), NULL, 1, 32,
      "parallel channels (each with its own FIFOs); config.nChannels"},
     {"GCOMM_BUFFSIZE", "1M", PARAM_SIZE, PARAM_AT(buffSize), NULL, 512, (int64_t)1 << 30,
@@ -1164,38 +1167,64 @@ static int log2Up(int n) {
   return l;
 }
 
-/* Predicted microseconds, or a negative value when func has no such algorithm. `bytes` is the
- * size nccl-tests reports: the whole buffer (AllGather: the output; ReduceScatter: the input). */
-static double predictUs(int func, int algo, int n, double bytes) {
-  double hops, data;
-  if (gcommSchedAlgo(func, algo) != algo) return -1;
-  if (n == 1) return bytes / HOST_BW_BYTES_PER_US;
+/* An algorithm's two cost terms: FIFO hops one after another, and bytes each rank moves per byte
+ * of `bytes`, the size nccl-tests reports (the whole buffer; AllGather: the output;
+ * ReduceScatter: the input). Returns 0 when func has no such algorithm. */
+static int costTerms(int func, int algo, int n, double* hops, double* data) {
+  if (gcommSchedAlgo(func, algo) != algo) return 0;
   switch (func) {
     case gcommFuncAllReduce:
-      hops = algo == gcommAlgoRing ? 2 * (n - 1) : algo == gcommAlgoTree ? 2 * log2Up(n) : 2;
-      data = algo == gcommAlgoRing ? 4.0 * (n - 1) / n : algo == gcommAlgoTree ? 4 : 2.0 * (n - 1);
+      *hops = algo == gcommAlgoRing ? 2 * (n - 1) : algo == gcommAlgoTree ? 2 * log2Up(n) : 2;
+      *data = algo == gcommAlgoRing ? 4.0 * (n - 1) / n : algo == gcommAlgoTree ? 4 : 2.0 * (n - 1);
       break;
     case gcommFuncBroadcast:
     case gcommFuncReduce:
-      hops = algo == gcommAlgoRing ? n - 1 : algo == gcommAlgoTree ? log2Up(n) : 1;
-      data = algo == gcommAlgoRing ? 2 : algo == gcommAlgoTree ? 3 : n - 1;
+      *hops = algo == gcommAlgoRing ? n - 1 : algo == gcommAlgoTree ? log2Up(n) : 1;
+      *data = algo == gcommAlgoRing ? 2 : algo == gcommAlgoTree ? 3 : n - 1;
       break;
     case gcommFuncAllGather:
     case gcommFuncReduceScatter:
-      hops = algo == gcommAlgoRing ? n - 1 : 1;
-      data = (algo == gcommAlgoRing ? 2.0 : 3.0) * (n - 1) / n;
+      *hops = algo == gcommAlgoRing ? n - 1 : 1;
+      *data = (algo == gcommAlgoRing ? 2.0 : 3.0) * (n - 1) / n;
       break;
     default:
-      hops = 1, data = 2.0 * (n - 1) / n;
+      *hops = 1, *data = 2.0 * (n - 1) / n;
   }
+  if (n == 1) *hops = 0, *data = 1;
+  return 1;
+}
+
+/* Predicted microseconds on host memory, or a negative value when func has no such algorithm. */
+static double predictUs(int func, int algo, int n, double bytes) {
+  double hops, data;
+  if (!costTerms(func, algo, n, &hops, &data)) return -1;
   return hops * HOST_ALPHA_US + bytes * data / HOST_BW_BYTES_PER_US;
 }
+
+#ifdef GCOMM_GPU
+/* GPU communicators, per protocol (measured on 2 H200s over NVLink, docs/PERF.md): the latency
+ * of one FIFO hop, what one block (a channel) moves per microsecond, and the link's cap. */
+static const struct {
+  double hopUs, blockBytesPerUs, linkBytesPerUs;
+} gpuCost[gcommNumProtos] = {
+    {5.0, 12000, 350000}, /* Simple: payload, fence, tail counter */
+    {1.5, 6000, 175000},  /* LL: flags in the data, half of every line is flags */
+};
+
+static double predictGpuUs(int func, int algo, int proto, int n, double bytes, int nch) {
+  double hops, data;
+  if (!costTerms(func, algo, n, &hops, &data)) return -1;
+  double bw = nch * gpuCost[proto].blockBytesPerUs;
+  if (bw > gpuCost[proto].linkBytesPerUs) bw = gpuCost[proto].linkBytesPerUs;
+  return hops * gpuCost[proto].hopUs + bytes * data / bw;
+}
+#endif
 
 static int chooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   if (comm->params.algo >= 0) return gcommSchedAlgo(func, comm->params.algo);
 #ifdef GCOMM_GPU
-  /* GPUs (measured on 2 H200s, docs/PERF.md): every FIFO hop costs ~5 us, so the one-shot
-   * all-reduce (2 hops) wins while each rank's (n-1) copies stay small; elsewhere the ring. */
+  /* GPUs (measured on 2 H200s, docs/PERF.md): the one-shot all-reduce (one hop) wins while each
+   * rank's (n-1) copies stay small; elsewhere the ring. */
   if (comm->device >= 0) {
     int small = func == gcommFuncAllReduce && bytes * (size_t)(comm->nranks - 1) <= (2u << 20);
     return gcommSchedAlgo(func, small ? gcommAlgoDirect : gcommAlgoRing);
@@ -1225,19 +1254,47 @@ static int chooseChannels(gcommComm_t comm, int func, size_t bytes) {
   return nc < 1 ? 1 : nc > maxCh ? (int)maxCh : (int)nc;
 }
 
+/* Host communicators always use Simple; GPU communicators the faster by the model. */
+static int chooseProto(gcommComm_t comm, int func, int algo, size_t bytes, int nch) {
+  if (comm->device < 0) return gcommProtoSimple;
+  if (comm->params.proto >= 0) return comm->params.proto;
+#ifdef GCOMM_GPU
+  double simple = predictGpuUs(func, algo, gcommProtoSimple, comm->nranks, (double)bytes, nch);
+  double ll = predictGpuUs(func, algo, gcommProtoLL, comm->nranks, (double)bytes, nch);
+  if (ll < simple) return gcommProtoLL;
+#else
+  (void)func, (void)algo, (void)bytes, (void)nch;
+#endif
+  return gcommProtoSimple;
+}
+
+/* GCOMM_DEBUG_SUBSYS=TUNING: the cost model's predictions and choices, by collective and size. */
 static void tuningPrint(gcommComm_t comm) {
   if (comm->rank != 0 || !gcommLogEnabled(GCOMM_LOG_INFO, GCOMM_SUBSYS_TUNING)) return;
   for (int f = 0; f <= gcommFuncReduceScatter; f++) {
-    for (double bytes = 1024; bytes <= 256.0 * 1024 * 1024; bytes *= 16) {
-      char line[256];
+    for (double bytes = comm->device >= 0 ? 8 : 1024; bytes <= 1024.0 * 1024 * 1024; bytes *= 8) {
+      char line[512];
       int len = 0;
-      for (int a = 0; a < gcommNumAlgos; a++) {
+      size_t b = (size_t)bytes;
+      int algo = chooseAlgo(comm, f, b), nch = chooseChannels(comm, f, b);
+      int proto = chooseProto(comm, f, algo, b, nch);
+      for (int a = 0; a < gcommNumAlgos && len < (int)sizeof(line) - 64; a++) {
+#ifdef GCOMM_GPU
+        if (comm->device >= 0) {
+          for (int p = 0; p < gcommNumProtos; p++) {
+            double us = predictGpuUs(f, a, p, comm->nranks, bytes, nch);
+            if (us >= 0)
+              len += snprintf(line + len, sizeof(line) - len, " %s/%s %.1f", algoNames[a],
+                              protoNames[p], us);
+          }
+          continue;
+        }
+#endif
         double us = predictUs(f, a, comm->nranks, bytes);
-        if (us >= 0)
-          len += snprintf(line + len, sizeof(line) - len, " %s %.1f us", algoNames[a], us);
+        if (us >= 0) len += snprintf(line + len, sizeof(line) - len, " %s %.1f", algoNames[a], us);
       }
-      GCOMM_INFO(GCOMM_SUBSYS_TUNING, comm, "%-13s %10.0f B: picks %-6s (model:%s)", funcNames[f],
-                 bytes, algoNames[chooseAlgo(comm, f, (size_t)bytes)], line);
+      GCOMM_INFO(GCOMM_SUBSYS_TUNING, comm, "%-13s %10.0f B: %s/%s, %d channel(s) (model, us:%s)",
+                 funcNames[f], bytes, algoNames[algo], protoNames[proto], nch, line);
     }
   }
 }
@@ -1399,14 +1456,17 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
   size_t bytes = args->count * esz * (args->func >= gcommFuncAllGather && !isP2p ? n : 1);
   int algo = isP2p ? gcommAlgoDirect : chooseAlgo(comm, args->func, bytes);
   int nch = chooseChannels(comm, args->func, bytes);
+  int proto = chooseProto(comm, args->func, algo, bytes, nch);
   gcommOp_t* op = calloc(1, sizeof(gcommOp_t) + nch * sizeof(gcommWork_t));
   if (op == NULL) return NULL;
   *op = *args;
   op->algo = algo;
+  op->proto = proto;
   op->nChannels = nch;
   op->seq = isP2p ? 0 : comm->collSeq++;
   size_t align = esz >= 16 ? 1 : 16 / esz;
-  size_t chunk = (comm->slotBytes / esz) / align * align;
+  size_t slotPayload = proto == gcommProtoLL ? GCOMM_LL_SLOT_PAYLOAD : comm->slotBytes;
+  size_t chunk = (slotPayload / esz) / align * align;
   size_t per = gcommDivUp(gcommDivUp(args->count, nch), align) * align;
   for (int c = 0; c < nch; c++) {
     size_t off = per * c;
@@ -1453,10 +1513,10 @@ static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
   gcommOp_t* op = buildOp(comm, args);
   if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
   GCOMM_TRACE(isReduction(op->func) ? GCOMM_SUBSYS_COLL : GCOMM_SUBSYS_P2P, comm,
-              "%s seq %llu count %zu %s %s root/peer %d algo %s channels %d works %d",
+              "%s seq %llu count %zu %s %s root/peer %d algo %s proto %s channels %d works %d",
               funcNames[op->func], (unsigned long long)op->seq, op->count, typeNames[op->datatype],
               opNames[op->redop], op->func >= gcommFuncSend ? op->peer : op->root,
-              algoNames[op->algo], op->nChannels, op->nWorks);
+              algoNames[op->algo], protoNames[op->proto], op->nChannels, op->nWorks);
 #ifdef GCOMM_GPU
   if (comm->device >= 0) { /* a GPU communicator launches (now, or at the group's end) */
     if (op->nWorks == 0) {

@@ -8,7 +8,9 @@
  *
  * Layout of one rank's region (one cudaMalloc, exported with cudaIpcGetMemHandle):
  *   recv FIFOs  [local sender][lane]: a 256-byte header (tail at 0, written by the sender;
- *               bytes[GCOMM_STEPS] at 64) then GCOMM_STEPS slots of slotBytes
+ *               bytes[GCOMM_STEPS] at 64), GCOMM_STEPS slots of slotBytes (Simple), then
+ *               GCOMM_STEPS LL slots of GCOMM_LL_SLOT_BYTES (zeroed at setup: no line carries a
+ *               flag before it is written)
  *   send heads  [local receiver][lane]: 128 bytes, head at 0, written by the receiver
  *   steps       [2][lane * nranks + peer]: this rank's own step counters (send, then recv),
  *               persistent across launches like gcommConn_t.step
@@ -37,6 +39,7 @@ typedef struct {
   volatile uint64_t* head;  /* recv: in the sender's memory; send: in this rank's */
   volatile uint64_t* bytes; /* [GCOMM_STEPS], beside tail */
   char* slots;              /* GCOMM_STEPS slots, in the receiver's memory */
+  char* llSlots;            /* GCOMM_STEPS LL slots, beside them */
   uint64_t* step;           /* this side's counter, in this rank's memory */
 } gcommDevConn_t;
 
@@ -64,7 +67,7 @@ typedef struct {
   const void* sendbuff;
   void* recvbuff;
   long nSteps;
-  int datatype, redop, lane, pad;
+  int datatype, redop, lane, proto;
 } gcommDevWork_t;
 
 /* One launch: block b runs works[first[b] .. first[b+1]) in order. */

@@ -117,6 +117,16 @@ static __device__ __forceinline__ uint4 gcommGpuLdFifo(const uint4* p) {
   v.w = (unsigned)(hi >> 32);
   return v;
 }
+/* LL lines: each 8-byte half {data, flag} is one single-copy-atomic access, so a half is either
+ * old or new as a whole; the reader checks both flags. */
+static __device__ __forceinline__ uint4 gcommGpuLlLoad(const uint4* p) {
+  return gcommGpuLdFifo(p);
+}
+static __device__ __forceinline__ void gcommGpuLlStore(uint4* p, uint4 v) {
+  uint64_t* q = (uint64_t*)p;
+  __hip_atomic_store(q, v.x | (uint64_t)v.y << 32, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+  __hip_atomic_store(q + 1, v.z | (uint64_t)v.w << 32, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
 static __device__ __forceinline__ float gcommGpuHalfToF(uint16_t h) {
   return __half2float(__ushort_as_half(h));
 }
@@ -161,6 +171,21 @@ static __device__ __forceinline__ uint64_t gcommGpuTimerNs() {
 }
 static __device__ __forceinline__ uint4 gcommGpuLdFifo(const uint4* p) {
   return __ldcv(p);
+}
+/* LL lines: one 16-byte volatile access (each 8-byte half carries its own flag, so even a torn
+ * line is detected by the reader). */
+static __device__ __forceinline__ uint4 gcommGpuLlLoad(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+static __device__ __forceinline__ void gcommGpuLlStore(uint4* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
 }
 static __device__ __forceinline__ float gcommGpuHalfToF(uint16_t h) {
   return __half2float(__ushort_as_half(h));

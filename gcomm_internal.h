@@ -56,6 +56,7 @@ int gcommLocalIndex(gcommComm_t comm, int rank);
 /* ---- Parameters: one table in gcomm.c, read at communicator init ---- */
 typedef struct {
   int algo;            /* GCOMM_ALGO: -1 = cost model, else gcommAlgo_t */
+  int proto;           /* GCOMM_PROTO: -1 = cost model, else gcommProto_t (GPU only) */
   int nChannels;       /* GCOMM_NCHANNELS */
   int64_t buffSize;    /* GCOMM_BUFFSIZE: bytes of one connection FIFO */
   int proxyMode;       /* GCOMM_PROXY_MODE */
@@ -109,7 +110,7 @@ typedef struct gcommWork {
 
 struct gcommOp {
   gcommOp_t* next; /* in the posted list */
-  int func, algo, datatype, redop, root, peer, nChannels;
+  int func, algo, proto, datatype, redop, root, peer, nChannels;
   const void* sendbuff;
   void* recvbuff;
   size_t count;

@@ -6,8 +6,12 @@
  * one peer); a block runs its works in order. Each step: thread 0 waits until the step's FIFOs are
  * ready (bounded spin that watches the abort flag and a deadline), the block computes value = recv
  * (op src) or src, with Avg's division on the postOp step, and writes it to dst and the send slots
- * with 16-byte vector accesses where aligned; every thread fences its stores at system scope;
- * thread 0 then publishes the counters (release stores). Simple protocol only.
+ * with 16-byte vector accesses where aligned; after a barrier thread 0 publishes the counters
+ * (system-scope release stores, which carry every thread's slot stores with them).
+ *
+ * LL protocol (small messages): the slot is a header line then LL lines (gcomm_sched.h); thread 0
+ * waits for the header line instead of the tail, every thread polls its own lines for the
+ * step's flag, and nothing is fenced: the flags are the synchronisation.
  */
 #include <stdint.h>
 
@@ -154,10 +158,13 @@ static __device__ __forceinline__ typename Dt<DT>::S divide(typename Dt<DT>::S A
 /* ---- the data of one step ---- */
 struct StepIo {
   const char* src;   /* local operand, or NULL */
-  const char* in[2]; /* received slots (in this rank's memory), or NULL */
-  char* out[3];      /* dst and send slots, NULL where absent */
+  const char* in[2]; /* received slots (in this rank's memory), or NULL; LL: the first data line */
+  char* out[3];      /* dst and send slots, NULL where absent; LL: the first data line */
   int reduce, div, nranks;
   size_t count; /* elements */
+  /* LL only */
+  uint32_t flagIn[2], flagOut[2]; /* the flags of in[k] and out[k + 1] */
+  int inPeer[2];                  /* for the error record */
 };
 
 static __device__ __forceinline__ bool al(const void* p, uintptr_t a) {
@@ -250,6 +257,22 @@ static __device__ __forceinline__ typename Dt<DT>::S elem(const StepIo& io, size
   return v;
 }
 
+/* One 16-byte pack of the step's value from its loaded operands (x: src, y: in[0], z: in[1]). */
+template <int DT, int OP, typename Pack>
+static __device__ __forceinline__ Pack packValue(const StepIo& io, const Pack& x, const Pack& y,
+                                                 const Pack& z) {
+  constexpr int N = 16 / sizeof(typename Dt<DT>::S);
+  if (io.in[0] == NULL) return x;
+  if (!io.reduce) return y;
+  Pack v;
+#pragma unroll
+  for (int e = 0; e < N; e++) v.e[e] = red<DT, OP>(x.e[e], y.e[e]);
+  if (io.in[1])
+#pragma unroll
+    for (int e = 0; e < N; e++) v.e[e] = red<DT, OP>(v.e[e], z.e[e]);
+  return v;
+}
+
 template <int DT, int OP>
 static __device__ __noinline__ void reduceStep(const StepIo& io) {
   typedef typename Dt<DT>::S T;
@@ -269,38 +292,37 @@ static __device__ __noinline__ void reduceStep(const StepIo& io) {
     uint4* o0 = (uint4*)io.out[0];
     uint4* o1 = (uint4*)io.out[1];
     uint4* o2 = (uint4*)io.out[2];
+    const bool needSrc = a == NULL || io.reduce, needB = b != NULL && io.reduce;
     size_t stride = (size_t)blockDim.x * UNROLL, i = threadIdx.x;
-    for (; i < nPack; i += stride) {
-      Pack v[UNROLL];
+    /* whole tiles: every load of the tile is issued before the first use (no bounds checks in
+     * between), so each thread keeps 2-3 x UNROLL loads in flight */
+    for (; i + (UNROLL - 1) * blockDim.x < nPack; i += stride) {
+      Pack x[UNROLL], y[UNROLL], z[UNROLL];
 #pragma unroll
       for (int u = 0; u < UNROLL; u++) {
         size_t j = i + u * blockDim.x;
-        if (j >= nPack) break;
-        if (a == NULL) {
-          v[u].v = s[j];
-        } else if (!io.reduce) {
-          v[u].v = ldFifo(a + j);
-        } else {
-          Pack x, y;
-          x.v = s[j];
-          y.v = ldFifo(a + j);
-#pragma unroll
-          for (int e = 0; e < N; e++) v[u].e[e] = red<DT, OP>(x.e[e], y.e[e]);
-          if (b) {
-            y.v = ldFifo(b + j);
-#pragma unroll
-            for (int e = 0; e < N; e++) v[u].e[e] = red<DT, OP>(v[u].e[e], y.e[e]);
-          }
-        }
+        if (needSrc) x[u].v = s[j];
+        if (a) y[u].v = ldFifo(a + j);
+        if (needB) z[u].v = ldFifo(b + j);
       }
 #pragma unroll
       for (int u = 0; u < UNROLL; u++) {
         size_t j = i + u * blockDim.x;
-        if (j >= nPack) break;
-        if (o0) o0[j] = v[u].v;
-        if (o1) o1[j] = v[u].v;
-        if (o2) o2[j] = v[u].v;
+        Pack v = packValue<DT, OP>(io, x[u], y[u], z[u]);
+        if (o0) o0[j] = v.v;
+        if (o1) o1[j] = v.v;
+        if (o2) o2[j] = v.v;
       }
+    }
+    for (; i < nPack; i += blockDim.x) {
+      Pack x, y, z;
+      if (needSrc) x.v = s[i];
+      if (a) y.v = ldFifo(a + i);
+      if (needB) z.v = ldFifo(b + i);
+      Pack v = packValue<DT, OP>(io, x, y, z);
+      if (o0) o0[i] = v.v;
+      if (o1) o1[i] = v.v;
+      if (o2) o2[i] = v.v;
     }
   }
   for (size_t i = nPack * N + threadIdx.x; i < count; i += blockDim.x) {
@@ -310,60 +332,164 @@ static __device__ __noinline__ void reduceStep(const StepIo& io) {
   }
 }
 
-template <int DT>
-static __device__ void reduceStepT(const StepIo& io, int op) {
+/* ---- LL: lines of {data, flag, data, flag}, polled for the flag ---- */
+
+/* Where an LL step reports a failed wait from any thread. */
+struct LlWait {
+  gcommDevComm_t* gcomm; /* the device copy (its claim word) */
+  const gcommDevComm_t* comm;
+  volatile int* fail; /* shared: the block's first failure */
+  int lane, func;
+  long step;
+};
+
+static __device__ void recordError(gcommDevComm_t* gcomm, const gcommDevComm_t* comm, int code,
+                                   int peer, int lane, int isRecv, int func, long step,
+                                   unsigned long long got, unsigned long long expected);
+
+/* The 8 data bytes of line p once both its flags read `flag` (0 after a failure). */
+static __device__ uint64_t llRead(const uint4* p, uint32_t flag, const LlWait& w, int peer) {
+  unsigned spins = 0;
+  uint64_t t0 = 0;
+  for (;;) {
+    uint4 v = gcommGpuLlLoad(p);
+    if (v.y == flag && v.w == flag) return v.x | (uint64_t)v.z << 32;
+    if (++spins < 1024) continue;
+    spins = 0;
+    if (*w.fail) return 0;
+    int code = *w.comm->abortFlag ? gcommAborted : 0;
+    uint64_t now = globalTimer();
+    if (t0 == 0) t0 = now;
+    if (code == 0 && now - t0 > w.comm->timeoutNs) code = gcommTimeout;
+    if (code) {
+      recordError(w.gcomm, w.comm, code, peer, w.lane, 1, w.func, w.step, 0, 0);
+      *w.fail = code;
+      return 0;
+    }
+  }
+}
+
+static __device__ __forceinline__ void llWrite(uint4* p, uint64_t data, uint32_t flag) {
+  gcommGpuLlStore(p, make_uint4((uint32_t)data, flag, (uint32_t)(data >> 32), flag));
+}
+
+/* One LL step: each thread takes whole lines (8 bytes: 8 / sizeof(T) elements). */
+template <int DT, int OP>
+static __device__ __noinline__ void llStep(const StepIo& io, const LlWait& w) {
+  typedef typename Dt<DT>::S T;
+  constexpr int E = 8 / sizeof(T);
+  union Line {
+    uint64_t u;
+    T e[E];
+  };
+  const size_t nLines = gcommDivUp(io.count, E);
+  const bool srcWhole = al(io.src, 8), dstWhole = al(io.out[0], 8);
+  const T* src = (const T*)io.src;
+  T* dst = (T*)io.out[0];
+  for (size_t j = threadIdx.x; j < nLines; j += blockDim.x) {
+    const size_t e0 = j * E;
+    const int ne = io.count - e0 < (size_t)E ? (int)(io.count - e0) : E;
+    Line v, x;
+    v.u = 0;
+    if (src && (io.in[0] == NULL || io.reduce)) {
+      if (srcWhole && ne == E)
+        v.u = *(const uint64_t*)(src + e0);
+      else
+        for (int e = 0; e < ne; e++) v.e[e] = src[e0 + e];
+    }
+    if (io.in[0]) {
+      x.u = llRead((const uint4*)io.in[0] + j, io.flagIn[0], w, io.inPeer[0]);
+      if (io.reduce) {
+#pragma unroll
+        for (int e = 0; e < E; e++) v.e[e] = red<DT, OP>(v.e[e], x.e[e]);
+        if (io.in[1]) {
+          x.u = llRead((const uint4*)io.in[1] + j, io.flagIn[1], w, io.inPeer[1]);
+#pragma unroll
+          for (int e = 0; e < E; e++) v.e[e] = red<DT, OP>(v.e[e], x.e[e]);
+        }
+      } else {
+        v.u = x.u;
+      }
+    }
+    if (io.div)
+#pragma unroll
+      for (int e = 0; e < E; e++) v.e[e] = divide<DT>(v.e[e], io.nranks);
+    if (dst) {
+      if (dstWhole && ne == E)
+        *(uint64_t*)(dst + e0) = v.u;
+      else
+        for (int e = 0; e < ne; e++) dst[e0 + e] = v.e[e];
+    }
+    if (io.out[1]) llWrite((uint4*)io.out[1] + j, v.u, io.flagOut[0]);
+    if (io.out[2]) llWrite((uint4*)io.out[2] + j, v.u, io.flagOut[1]);
+  }
+}
+
+/* The step's code for datatype and op: Simple (reduceStep) or LL (llStep). */
+template <bool LL, int DT>
+static __device__ void stepT(const StepIo& io, int op, const LlWait& w) {
   switch (op) {
     case gcommProd:
-      reduceStep<DT, gcommProd>(io);
+      LL ? llStep<DT, gcommProd>(io, w) : reduceStep<DT, gcommProd>(io);
       break;
     case gcommMax:
-      reduceStep<DT, gcommMax>(io);
+      LL ? llStep<DT, gcommMax>(io, w) : reduceStep<DT, gcommMax>(io);
       break;
     case gcommMin:
-      reduceStep<DT, gcommMin>(io);
+      LL ? llStep<DT, gcommMin>(io, w) : reduceStep<DT, gcommMin>(io);
       break;
     default:
-      reduceStep<DT, gcommSum>(io);
+      LL ? llStep<DT, gcommSum>(io, w) : reduceStep<DT, gcommSum>(io);
       break; /* Sum, Avg */
   }
 }
 
-static __device__ void dataStep(const StepIo& io, int datatype, int op) {
-  if (!io.reduce && !io.div) {
-    copyStep(io, gcommTypeSize(datatype));
-    return;
-  }
+template <bool LL>
+static __device__ void dataStepT(const StepIo& io, int datatype, int op, const LlWait& w) {
   switch (datatype) {
     case 0:
-      reduceStepT<0>(io, op);
+      stepT<LL, 0>(io, op, w);
       break;
     case 1:
-      reduceStepT<1>(io, op);
+      stepT<LL, 1>(io, op, w);
       break;
     case 2:
-      reduceStepT<2>(io, op);
+      stepT<LL, 2>(io, op, w);
       break;
     case 3:
-      reduceStepT<3>(io, op);
+      stepT<LL, 3>(io, op, w);
       break;
     case 4:
-      reduceStepT<4>(io, op);
+      stepT<LL, 4>(io, op, w);
       break;
     case 5:
-      reduceStepT<5>(io, op);
+      stepT<LL, 5>(io, op, w);
       break;
     case 6:
-      reduceStepT<6>(io, op);
+      stepT<LL, 6>(io, op, w);
       break;
     case 7:
-      reduceStepT<7>(io, op);
+      stepT<LL, 7>(io, op, w);
       break;
     case 8:
-      reduceStepT<8>(io, op);
+      stepT<LL, 8>(io, op, w);
       break;
     default:
-      reduceStepT<9>(io, op);
+      stepT<LL, 9>(io, op, w);
       break;
+  }
+}
+
+static __device__ void dataStep(const StepIo& io, int datatype, int op, bool ll, const LlWait& w) {
+  if (ll) {
+    /* copies move raw lines: the unsigned type of the element's size */
+    int sz = gcommTypeSize(datatype);
+    if (!io.reduce && !io.div) datatype = sz == 1 ? 1 : sz == 2 ? 6 : sz == 4 ? 3 : 5;
+    dataStepT<true>(io, datatype, op, w);
+  } else if (!io.reduce && !io.div) {
+    copyStep(io, gcommTypeSize(datatype));
+  } else {
+    dataStepT<false>(io, datatype, op, w);
   }
 }
 
@@ -382,6 +508,27 @@ static __device__ int waitFor(const gcommDevComm_t* comm, volatile uint64_t* p, 
       return gcommTimeout;
   }
   return 0;
+}
+
+/* Thread 0: waits until an LL slot's header line carries flag; returns its payload size. */
+static __device__ int waitLlHeader(const gcommDevComm_t* comm, const uint4* hdr, uint32_t flag,
+                                   uint64_t* t0, uint64_t* bytes) {
+  unsigned spins = 0;
+  for (;;) {
+    uint4 v = gcommGpuLlLoad(hdr);
+    if (v.y == flag && v.w == flag) {
+      *bytes = v.x | (uint64_t)v.z << 32;
+      return 0;
+    }
+    if (++spins < 512) continue;
+    spins = 0;
+    if (*comm->abortFlag) return gcommAborted;
+    uint64_t now = globalTimer();
+    if (*t0 == 0)
+      *t0 = now;
+    else if (now - *t0 > comm->timeoutNs)
+      return gcommTimeout;
+  }
 }
 
 static __device__ void recordError(gcommDevComm_t* gcomm, const gcommDevComm_t* comm, int code,
@@ -415,7 +562,8 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
   __shared__ gcommDevComm_t comm;
   __shared__ const char* shIn[2];
   __shared__ char* shOut[2];
-  __shared__ int shFail;
+  __shared__ uint32_t shFlagIn[2], shFlagOut[2];
+  __shared__ volatile int shFail;
   const int tid = threadIdx.x;
   if (tid == 0) {
     comm = *a.comm;
@@ -427,6 +575,8 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
     const gcommDevWork_t& w = a.works[wi];
     const size_t esz = gcommTypeSize(w.datatype);
     const gcommSched_t sched = w.sched;
+    const bool ll = w.proto == gcommProtoLL;
+    const size_t hdr = ll ? GCOMM_LL_LINE : 0; /* LL slots start with the header line */
     for (long s = 0; s < w.nSteps; s++) {
       gcommStep_t st;
       gcommSchedGetStep(&sched, s, &st);
@@ -440,19 +590,25 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
           int p = st.recvPeer[k];
           if (p >= 0) {
             gcommDevConn_t c = comm.recv[w.lane * n + p];
-            uint64_t step = *c.step;
-            err = waitFor(&comm, c.tail, step + 1, &t0);
+            uint64_t step = *c.step, got = 0;
+            char* slot = ll ? c.llSlots + (step % GCOMM_STEPS) * GCOMM_LL_SLOT_BYTES
+                            : c.slots + (step % GCOMM_STEPS) * comm.slotBytes;
+            if (ll)
+              err = waitLlHeader(&comm, (const uint4*)slot, (uint32_t)(step + 1), &t0, &got);
+            else
+              err = waitFor(&comm, c.tail, step + 1, &t0);
             if (err) {
               recordError(a.comm, &comm, err, p, w.lane, 1, sched.func, s, 0, 0);
               break;
             }
-            uint64_t got = c.bytes[step % GCOMM_STEPS];
+            if (!ll) got = c.bytes[step % GCOMM_STEPS];
             if (got != bytes) {
               err = gcommInvalidUsage;
               recordError(a.comm, &comm, err, p, w.lane, 1, sched.func, s, got, bytes);
               break;
             }
-            shIn[k] = c.slots + (step % GCOMM_STEPS) * comm.slotBytes;
+            shIn[k] = slot + hdr;
+            shFlagIn[k] = (uint32_t)(step + 1);
           }
         }
         for (int k = 0; k < 2 && !err; k++) {
@@ -465,7 +621,11 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
               recordError(a.comm, &comm, err, p, w.lane, 0, sched.func, s, 0, 0);
               break;
             }
-            shOut[k] = c.slots + (step % GCOMM_STEPS) * comm.slotBytes;
+            char* slot = ll ? c.llSlots + (step % GCOMM_STEPS) * GCOMM_LL_SLOT_BYTES
+                            : c.slots + (step % GCOMM_STEPS) * comm.slotBytes;
+            shOut[k] = slot + hdr;
+            shFlagOut[k] = (uint32_t)(step + 1);
+            if (ll) llWrite((uint4*)slot, bytes, shFlagOut[k]); /* the header line */
           }
         }
         shFail = err;
@@ -487,16 +647,28 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
       io.div = st.postOp && w.redop == gcommAvg;
       io.nranks = n;
       io.count = st.count;
-      if (bytes > 0) dataStep(io, w.datatype, w.redop);
-      if (shOut[0]) __threadfence_system(); /* this thread's slot stores before the tail */
+      for (int k = 0; k < 2; k++) {
+        io.flagIn[k] = shFlagIn[k];
+        io.flagOut[k] = shFlagOut[k];
+        io.inPeer[k] = st.recvPeer[k];
+      }
+      LlWait lw = {a.comm, &comm, &shFail, w.lane, sched.func, s};
+      if (bytes > 0) dataStep(io, w.datatype, w.redop, ll, lw);
+      /* Simple: the barrier orders every thread's slot stores before thread 0's release store
+       * of the tail (system scope, cumulative), as NCCL's one fence per post does */
       __syncthreads();
+      if (shFail) return;
       if (tid == 0) {
         for (int k = 0; k < 2; k++) {
           if (st.sendPeer[k] >= 0) {
             gcommDevConn_t c = comm.send[w.lane * n + st.sendPeer[k]];
             uint64_t step = *c.step;
-            c.bytes[step % GCOMM_STEPS] = bytes;
-            stRelease(c.tail, step + 1);
+            if (ll) { /* the flags carried the data; the tail only keeps count */
+              *c.tail = step + 1;
+            } else {
+              c.bytes[step % GCOMM_STEPS] = bytes;
+              stRelease(c.tail, step + 1);
+            }
             *c.step = step + 1;
           }
           if (st.recvPeer[k] >= 0) {

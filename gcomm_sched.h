@@ -47,6 +47,18 @@ typedef enum {
 
 typedef enum { gcommAlgoRing, gcommAlgoTree, gcommAlgoDirect, gcommNumAlgos } gcommAlgo_t;
 
+/* How a FIFO slot carries data (GPU communicators; the host executor always uses Simple).
+ * Simple: the payload, then a fence and the tail counter. LL (low latency): 16-byte lines of
+ * {data 4 B, flag 4 B, data 4 B, flag 4 B}, the flag being the connection's step + 1, so a
+ * receiver polls the data itself and the sender needs no fence: half the capacity, a fraction
+ * of the latency. An LL slot starts with a header line carrying the payload size. */
+typedef enum { gcommProtoSimple, gcommProtoLL, gcommNumProtos } gcommProto_t;
+#define GCOMM_LL_LINE 16
+/* LL slots are their own (never shared with Simple payloads, which could hold a value that looks
+ * like a flag): GCOMM_STEPS of them per connection, each carrying GCOMM_LL_SLOT_PAYLOAD bytes. */
+#define GCOMM_LL_SLOT_BYTES 65536
+#define GCOMM_LL_SLOT_PAYLOAD (((GCOMM_LL_SLOT_BYTES - GCOMM_LL_LINE) / 2) & ~(size_t)7)
+
 enum { GCOMM_BUF_NONE = 0, GCOMM_BUF_IN = 1, GCOMM_BUF_OUT = 2 };
 
 typedef struct {

@@ -73,15 +73,15 @@ gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card) {
   if (d->peerRegion == NULL || d->args == NULL)
     return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   size_t nLanes = comm->nLanes, nLocal = comm->nLocal;
-  d->fifoBytes = (GCOMM_DEV_FIFO_HDR + GCOMM_STEPS * comm->slotBytes + 255) & ~(size_t)255;
+  d->fifoBytes =
+      (GCOMM_DEV_FIFO_HDR + GCOMM_STEPS * (comm->slotBytes + GCOMM_LL_SLOT_BYTES) + 255) &
+      ~(size_t)255;
   d->headOff = d->fifoBytes * nLocal * nLanes;
   d->stepOff = d->headOff + GCOMM_DEV_HEAD_BYTES * nLocal * nLanes;
   d->regionBytes = d->stepOff + 2 * sizeof(uint64_t) * nLanes * comm->nranks;
   CUDA_CHECK(comm, -1, gcommGpuMallocFifo((void**)&d->region, d->regionBytes));
-  /* only the counters need zeros; the slots are written before they are read */
-  for (size_t i = 0; i < nLocal * nLanes; i++)
-    CUDA_CHECK(comm, -1, cudaMemset(d->region + i * d->fifoBytes, 0, GCOMM_DEV_FIFO_HDR));
-  CUDA_CHECK(comm, -1, cudaMemset(d->region + d->headOff, 0, d->regionBytes - d->headOff));
+  /* counters start at 0, and LL slots must hold no stale flag */
+  CUDA_CHECK(comm, -1, cudaMemset(d->region, 0, d->regionBytes));
   CUDA_CHECK(comm, -1, cudaHostAlloc(&d->hostMapped, 4096, cudaHostAllocMapped));
   memset(d->hostMapped, 0, 4096);
   cudaIpcMemHandle_t h;
@@ -137,6 +137,7 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
       hc[i].tail = (volatile uint64_t*)f;
       hc[i].bytes = (volatile uint64_t*)(f + 64);
       hc[i].slots = f + GCOMM_DEV_FIFO_HDR;
+      hc[i].llSlots = hc[i].slots + GCOMM_STEPS * comm->slotBytes;
       hc[i].head =
           (volatile uint64_t*)(d->region + d->headOff +
                                ((size_t)pIdx * comm->nLanes + lane) * GCOMM_DEV_HEAD_BYTES);
@@ -146,6 +147,7 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
       hc[nc + i].tail = (volatile uint64_t*)f;
       hc[nc + i].bytes = (volatile uint64_t*)(f + 64);
       hc[nc + i].slots = f + GCOMM_DEV_FIFO_HDR;
+      hc[nc + i].llSlots = hc[nc + i].slots + GCOMM_STEPS * comm->slotBytes;
       hc[nc + i].head =
           (volatile uint64_t*)(peer + d->headOff +
                                ((size_t)myIdx * comm->nLanes + lane) * GCOMM_DEV_HEAD_BYTES);
@@ -236,7 +238,7 @@ gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* s
         dw->datatype = op->datatype;
         dw->redop = op->redop;
         dw->lane = wk->lane;
-        dw->pad = 0;
+        dw->proto = op->proto;
       }
       if (res != gcommSuccess) break;
     }

@@ -3,6 +3,10 @@
 # $NCCL_HOME has it), GPU correctness at 2 ranks on 2 GPUs, the benchmark beside NCCL, then 4 ranks
 # on 2 GPUs and 2 ranks on 1 GPU, then compute-sanitizer. Logs go to $OUT (or ./gpu-logs).
 # Usage (from the repository root): bash test/gpu/run.sh
+# STAGES picks parts (default: all of them): build test perf sweep large quick sanitizer host.
+# One device call may run 10 minutes: split the stages over two calls when all do not fit.
+STAGES=${STAGES:-"build test perf sweep large quick sanitizer host"}
+want() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 B=${BUILD:-build-gpu}
 export GCOMM_TIMEOUT_MS=${GCOMM_TIMEOUT_MS:-30000}
@@ -10,6 +14,7 @@ NG=$(nvidia-smi -L 2>/dev/null | wc -l)
 { nvidia-smi; nvidia-smi topo -m; } > "$OUT/machine.log" 2>&1
 if command -v mpicc >/dev/null && mpicc -showme >/dev/null 2>&1; then   # Open MPI
   MPICC=mpicc; RUN="mpirun --oversubscribe --bind-to none -x GCOMM_TIMEOUT_MS -x TEST_NGPUS -x LD_LIBRARY_PATH -x GCOMM_DEBUG -np"
+  PASSENV="-x GCOMM_PROTO -x GCOMM_DEBUG_SUBSYS"
 else                                                                 # MPICH from .devdeps
   MPICC=gcc; RUN="$MPIEXEC_MPICH -n"; EXTRA=(MPI_CFLAGS="$MPICH_CFLAGS" MPI_LIBS="$MPICH_LIBS")
 fi
@@ -23,18 +28,27 @@ step() { # name timeout command...
   tail -n 6 "$OUT/$name.log" | tee -a "$OUT/summary.log"
   return $rc
 }
+# make is quick when the build is there already (a second call on a warm machine)
 step build 300 make -j"$(nproc)" CUDA=1 CUDA_ARCH=90 BUILD=$B MPICC="$MPICC" "${EXTRA[@]}" $NCCLARG gpu-test || exit 1
-step test_2r${NG}g 150 $RUN 2 $B/test/gpu/test_gpu
+want test && step test_2r${NG}g 300 $RUN 2 $B/test/gpu/test_gpu
 # the benchmark: gcomm and NCCL through the same harness, one table each, every collective
 PERFBACK=gcomm; [ -n "$NCCLARG" ] && PERFBACK=gcomm,nccl
-step perf_2r 240 $RUN 2 $B/gcomm_perf --coll all -b 8 -e 1G -f 8 -n 20 -w 5 --backend $PERFBACK
-step test_4r${NG}g 120 $RUN 4 $B/test/gpu/test_gpu --quick
-TEST_NGPUS=1 step test_2r1g 60 $RUN 2 $B/test/gpu/test_gpu --quick
-if command -v compute-sanitizer >/dev/null; then
-  step sanitizer 60 $RUN 2 compute-sanitizer --tool memcheck --print-limit 10 $B/test/gpu/test_gpu --quick
+want perf && step perf_2r 240 $RUN 2 $B/gcomm_perf --coll all -b 8 -e 64M -f 8 -n 20 -w 5 --backend $PERFBACK
+# each protocol forced, small sizes: the numbers behind the cost model's GPU constants
+if want sweep; then
+  GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=TUNING step tuning 60 $RUN 2 $PASSENV $B/gcomm_perf --coll allreduce -b 8 -e 8 -n 1 -w 0
+  for p in simple ll; do
+    GCOMM_PROTO=$p step sweep_$p 120 $RUN 2 $PASSENV $B/gcomm_perf --coll allreduce,broadcast,allgather,reducescatter,sendrecv -b 8 -e 4M -f 4 -n 50 -w 10 --backend gcomm
+  done
+fi
+want large && step perf_2r_large 300 $RUN 2 $B/gcomm_perf --coll all -b 64M -e 4G -f 4 -n 10 -w 3 --backend $PERFBACK
+want quick && step test_4r${NG}g 200 $RUN 4 $B/test/gpu/test_gpu --quick
+want quick && TEST_NGPUS=1 step test_2r1g 120 $RUN 2 $B/test/gpu/test_gpu --quick
+if want sanitizer && command -v compute-sanitizer >/dev/null; then
+  step sanitizer 120 $RUN 2 compute-sanitizer --tool memcheck --print-limit 10 $B/test/gpu/test_gpu --quick
 fi
 # host memory: gcomm beside MPICH's own collectives (16 cores here, unlike the 2-core CI machine)
-if [ -n "$MPIEXEC_MPICH" ]; then
+if want host && [ -n "$MPIEXEC_MPICH" ]; then
   step build_host 200 make -j"$(nproc)" BUILD=build-host MPICC=gcc MPI_CFLAGS="$MPICH_CFLAGS" MPI_LIBS="$MPICH_LIBS" build-host/gcomm_perf
   for n in 2 4; do
     step host_perf_${n}r 120 $MPIEXEC_MPICH -n $n build-host/gcomm_perf --coll allreduce -b 1K -e 256M -f 4 -n 10 -w 3 --backend gcomm,mpi

@@ -1,10 +1,10 @@
 /*
  * test/gpu/test_gpu.c - correctness of GPU communicators (built by test/gpu/run.sh, not by the
- * default make). Every collective x datatype x op x algorithm on device buffers, odd counts,
- * in-place and out-of-place, poisoned outputs, checked byte for byte against a host reference
- * (the inputs are small integers, so every reduction order gives the exact same result); then
- * send/recv, a fused group, and an all-reduce inside CUDA graph capture.
- * Ranks pick GPU localRank % TEST_NGPUS (default: every visible GPU).
+ * default make). Every collective x datatype x op x algorithm x protocol on device buffers, odd
+ * counts, in-place and out-of-place, poisoned outputs, checked byte for byte against a host
+ * reference (the inputs are small integers, so every reduction order gives the exact same result);
+ * then send/recv, a fused group, and an all-reduce inside CUDA graph capture. Ranks pick GPU
+ * localRank % TEST_NGPUS (default: every visible GPU).
  */
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -289,10 +289,22 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
-  const char* algos[] = {"ring", "tree", "direct"};
+  /* every algorithm x protocol forced in turn, then the cost model's own choices (which mix
+   * protocols on the same connections as the size changes) */
+  const char* algos[] = {"ring", "tree", "direct", "ring", "tree", "direct", "auto"};
+  const char* protos[] = {"simple", "simple", "simple", "ll", "ll", "ll", "auto"};
   int seed = 1;
-  for (int a = 0; a < 3; a++) {
-    setenv("GCOMM_ALGO", algos[a], 1);
+  for (int a = 0; a < 7; a++) {
+    char what[32];
+    snprintf(what, sizeof(what), "%s/%s", algos[a], protos[a]);
+    if (a < 6) {
+      setenv("GCOMM_ALGO", algos[a], 1);
+      setenv("GCOMM_PROTO", protos[a], 1);
+    } else {
+      unsetenv("GCOMM_ALGO");
+      unsetenv("GCOMM_PROTO");
+      unsetenv("GCOMM_PROTO");
+    }
     gcommComm_t comm;
     CK(gcommCommInitMPI(&comm, MPI_COMM_WORLD, NULL));
     int cdev = -2;
@@ -309,18 +321,18 @@ int main(int argc, char** argv) {
         for (int op = 0; op < (isRed ? 5 : 1); op++) {
           if (quick && isRed && op > 0 && dt != 7 && dt != 6) continue;
           for (int c = 0; c < nCounts; c++)
-            for (int ip = 0; ip < 2; ip++)
-              runCase(comm, s, f, dt, op, counts[c], ip, seed++, algos[a]);
+            for (int ip = 0; ip < 2; ip++) runCase(comm, s, f, dt, op, counts[c], ip, seed++, what);
         }
       }
     }
     if (rank == 0)
-      printf("algo %-6s: %s (%d checks so far)\n", algos[a], failures == before ? "ok" : "FAILED",
-             checks);
+      printf("algo/proto %-13s: %s (%d checks so far)\n", what,
+             failures == before ? "ok" : "FAILED", checks);
     fflush(stdout);
     CK(gcommCommDestroy(comm));
   }
   unsetenv("GCOMM_ALGO");
+  unsetenv("GCOMM_PROTO");
 
   /* send/recv around the ring, a fused group, and graph capture */
   gcommComm_t comm;
