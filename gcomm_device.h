@@ -31,8 +31,10 @@ extern "C" {
 #define GCOMM_DEV_FIFO_HDR 256
 #define GCOMM_DEV_HEAD_BYTES 128
 #define GCOMM_DEV_THREADS 512
-#define GCOMM_DEV_SMALL_WORKS 8 /* works a small launch carries in its parameters */
-#define GCOMM_DEV_MAX_WORKS 128 /* works one launch carries at most (a bigger group is split) */
+#define GCOMM_DEV_SMALL_WORKS 8   /* works a small launch carries in its parameters */
+#define GCOMM_DEV_MAX_WORKS 128   /* works one launch carries at most (a bigger group is split) */
+#define GCOMM_DEV_CACHE_RANKS 256 /* a block keeps its lane's connections in shared memory up to \
+                                   */
 
 typedef struct {
   volatile uint64_t* tail;  /* recv: in this rank's memory; send: in the receiver's */
@@ -70,9 +72,11 @@ typedef struct {
   int datatype, redop, lane, proto;
 } gcommDevWork_t;
 
-/* One launch: block b runs works[first[b] .. first[b+1]) in order. */
+/* One launch: block b runs works[first[b] .. first[b+1]) in order. All works of a block come
+ * from one queue, so they use one lane. */
 typedef struct {
   gcommDevComm_t* comm; /* device copy */
+  int nranks;           /* comm->nranks: sizes the blocks' connection caches */
   int nBlocks, nWorks;
   uint16_t first[GCOMM_DEV_MAX_WORKS + 1];
   gcommDevWork_t works[GCOMM_DEV_MAX_WORKS];

@@ -551,6 +551,7 @@ static __device__ void recordError(gcommDevComm_t* gcomm, const gcommDevComm_t* 
 template <int W>
 struct KArgs {
   gcommDevComm_t* comm;
+  int nranks;
   int nBlocks, nWorks;
   uint16_t first[W + 1];
   gcommDevWork_t works[W];
@@ -564,6 +565,11 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
   __shared__ char* shOut[2];
   __shared__ uint32_t shFlagIn[2], shFlagOut[2];
   __shared__ volatile int shFail;
+  /* The block's lane's connections (send to p at [p], receive from p at [n + p]) with their step
+   * counters, in shared memory: a step then reads no global memory but the FIFO counters it polls.
+   * The counters this block moved go back to global memory when it ends (other blocks of a
+   * point-to-point lane own other peers' counters: those are left alone). */
+  extern __shared__ char shCache[];
   const int tid = threadIdx.x;
   if (tid == 0) {
     comm = *a.comm;
@@ -571,6 +577,22 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
   }
   __syncthreads();
   const int n = comm.nranks;
+  const int lane0 = a.works[a.first[blockIdx.x]].lane;
+  const bool cached = n <= GCOMM_DEV_CACHE_RANKS;
+  gcommDevConn_t* sendC = comm.send + lane0 * n;
+  gcommDevConn_t* recvC = comm.recv + lane0 * n;
+  if (cached) {
+    gcommDevConn_t* conns = (gcommDevConn_t*)shCache;
+    uint64_t* steps = (uint64_t*)(conns + 2 * n); /* [2n] counters, then [2n] their start */
+    for (int i = tid; i < 2 * n; i += blockDim.x) {
+      conns[i] = i < n ? sendC[i] : recvC[i - n];
+      steps[i] = steps[2 * n + i] = conns[i].step ? *conns[i].step : 0;
+      conns[i].step = steps + i;
+    }
+    sendC = conns;
+    recvC = conns + n;
+  }
+  __syncthreads();
   for (int wi = a.first[blockIdx.x]; wi < a.first[blockIdx.x + 1]; wi++) {
     const gcommDevWork_t& w = a.works[wi];
     const size_t esz = gcommTypeSize(w.datatype);
@@ -589,7 +611,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
           shOut[k] = NULL;
           int p = st.recvPeer[k];
           if (p >= 0) {
-            gcommDevConn_t c = comm.recv[w.lane * n + p];
+            const gcommDevConn_t& c = recvC[p];
             uint64_t step = *c.step, got = 0;
             char* slot = ll ? c.llSlots + (step % GCOMM_STEPS) * GCOMM_LL_SLOT_BYTES
                             : c.slots + (step % GCOMM_STEPS) * comm.slotBytes;
@@ -614,7 +636,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
         for (int k = 0; k < 2 && !err; k++) {
           int p = st.sendPeer[k];
           if (p >= 0) {
-            gcommDevConn_t c = comm.send[w.lane * n + p];
+            const gcommDevConn_t& c = sendC[p];
             uint64_t step = *c.step;
             if (step >= GCOMM_STEPS) err = waitFor(&comm, c.head, step + 1 - GCOMM_STEPS, &t0);
             if (err) {
@@ -661,7 +683,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
       if (tid == 0) {
         for (int k = 0; k < 2; k++) {
           if (st.sendPeer[k] >= 0) {
-            gcommDevConn_t c = comm.send[w.lane * n + st.sendPeer[k]];
+            const gcommDevConn_t& c = sendC[st.sendPeer[k]];
             uint64_t step = *c.step;
             if (ll) { /* the flags carried the data; the tail only keeps count */
               *c.tail = step + 1;
@@ -672,9 +694,10 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
             *c.step = step + 1;
           }
           if (st.recvPeer[k] >= 0) {
-            gcommDevConn_t c = comm.recv[w.lane * n + st.recvPeer[k]];
+            const gcommDevConn_t& c = recvC[st.recvPeer[k]];
             uint64_t step = *c.step;
-            stRelease(c.head, step + 1);
+            /* relaxed: this block's reads of the slot are done (their values are used) */
+            *c.head = step + 1;
             *c.step = step + 1;
           }
         }
@@ -683,17 +706,30 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
        * every thread reaches only after reading them here: safe. */
     }
   }
+  if (cached) {
+    __syncthreads();
+    const gcommDevConn_t* conns = (const gcommDevConn_t*)shCache;
+    const uint64_t* steps = (const uint64_t*)(conns + 2 * n);
+    for (int i = tid; i < 2 * n; i += blockDim.x) {
+      uint64_t* global = i < n ? comm.send[lane0 * n + i].step : comm.recv[lane0 * n + i - n].step;
+      if (steps[i] != steps[2 * n + i]) *global = steps[i];
+    }
+  }
 }
 
 template <int W>
 static int launch(const gcommDevLaunch_t* src, void* stream) {
   KArgs<W> k;
   k.comm = src->comm;
+  k.nranks = src->nranks;
   k.nBlocks = src->nBlocks;
   k.nWorks = src->nWorks;
   for (int i = 0; i <= src->nBlocks; i++) k.first[i] = src->first[i];
   for (int i = 0; i < src->nWorks; i++) k.works[i] = src->works[i];
-  gcommKernel<W><<<src->nBlocks, GCOMM_DEV_THREADS, 0, (cudaStream_t)stream>>>(k);
+  size_t cache = src->nranks <= GCOMM_DEV_CACHE_RANKS
+                     ? 2 * (size_t)src->nranks * (sizeof(gcommDevConn_t) + 2 * sizeof(uint64_t))
+                     : 0;
+  gcommKernel<W><<<src->nBlocks, GCOMM_DEV_THREADS, cache, (cudaStream_t)stream>>>(k);
   return (int)cudaGetLastError();
 }
 

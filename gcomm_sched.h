@@ -120,14 +120,15 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
   if (s->func == gcommFuncSend || s->func == gcommFuncRecv || n == 1) return 1;
   switch (s->func) {
     case gcommFuncAllReduce:
-      return s->algo == gcommAlgoTree ? 2 : 2 * n - 1;
+      return s->algo == gcommAlgoTree ? 2 : s->algo == gcommAlgoDirect ? 2 * n - 2 : 2 * n - 1;
     case gcommFuncBroadcast:
       return (s->algo == gcommAlgoDirect && r == s->root) ? n : 1;
     case gcommFuncReduce:
       return (s->algo == gcommAlgoDirect && r == s->root) ? n : 1;
     case gcommFuncAllGather:
-    case gcommFuncReduceScatter:
       return s->algo == gcommAlgoDirect ? 2 * n - 1 : n;
+    case gcommFuncReduceScatter:
+      return s->algo == gcommAlgoDirect ? 2 * n - 2 : n;
     case gcommFuncAllToAll:
       return 2 * n - 1;
     case gcommFuncGather:
@@ -202,27 +203,28 @@ GCOMM_HD int gcommDirectPeer(int rank, int n, long t, int* sending) {
   return gcommMod(rank - (int)(t - n + 1), n);
 }
 
-/* A direct reduction: send block p of the input to each rank p, copy this rank's own block to the
- * output, then reduce what every other rank sent into the output (blk: elements between blocks;
- * 0 when every rank reduces the whole range, as the one-shot AllReduce does). */
+/* A direct reduction in 2n-2 steps: send block p of the input to each rank p (t < n-1), then
+ * reduce what every other rank sent, from rank-1 down to rank+1: the first of those steps takes
+ * this rank's own input block as its operand, the others the output (blk: elements between
+ * blocks; 0 when every rank reduces the whole range, as the one-shot AllReduce does). Rank p
+ * sends to this rank at its step (rank-p-1) mod n < n-1, before this rank waits for it. */
 GCOMM_HD void gcommDirectReduce(int r, int n, long t, size_t blk, size_t off, gcommStep_t* st) {
-  int sending, p = gcommDirectPeer(r, n, t, &sending);
   st->srcOff = st->dstOff = off;
-  if (sending) {
-    st->src = GCOMM_BUF_IN;
+  st->src = GCOMM_BUF_IN;
+  if (t < n - 1) {
+    int p = (r + 1 + (int)t) % n;
     st->srcOff = p * blk + off;
     st->sendPeer[0] = p;
-  } else if (p == r) {
-    st->src = GCOMM_BUF_IN;
-    st->srcOff = r * blk + off;
-    st->dst = GCOMM_BUF_OUT;
-  } else {
-    st->recvPeer[0] = p;
-    st->src = GCOMM_BUF_OUT;
-    st->reduce = 1;
-    st->dst = GCOMM_BUF_OUT;
-    st->postOp = t == 2 * n - 2;
+    return;
   }
+  st->recvPeer[0] = gcommMod(r - (int)(t - n + 2), n);
+  st->reduce = 1;
+  st->dst = GCOMM_BUF_OUT;
+  if (t == n - 1)
+    st->srcOff = r * blk + off;
+  else
+    st->src = GCOMM_BUF_OUT;
+  st->postOp = t == 2 * n - 3;
 }
 
 /* A direct exchange: send input block p (at p*blk) to each rank p, copy this rank's own block,

@@ -191,6 +191,7 @@ static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* st
   struct gcommDev* d = comm->dev;
   if (a->nWorks == 0) return gcommSuccess;
   a->comm = d->devComm;
+  a->nranks = comm->nranks;
   a->first[a->nBlocks] = (uint16_t)a->nWorks;
   int e = gcommKernelLaunch(a, stream);
   if (e != cudaSuccess)
