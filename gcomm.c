@@ -1202,13 +1202,15 @@ static double predictUs(int func, int algo, int n, double bytes) {
 }
 
 #ifdef GCOMM_GPU
-/* GPU communicators, per protocol (measured on 2 H200s over NVLink, docs/PERF.md): the latency
- * of one FIFO hop, what one block (a channel) moves per microsecond, and the link's cap. */
+/* GPU communicators, per protocol, fitted to GCOMM_PROTO-forced sweeps on 2 H200s over NVLink
+ * (docs/PERF.md): the cost of one FIFO hop (launch included), what one block (a channel) moves
+ * per microsecond, and the link's cap. LL saves ~0.5 us a hop but moves data at a fraction of
+ * Simple's rate (half of every line is flags), so it pays up to a few KB. */
 static const struct {
   double hopUs, blockBytesPerUs, linkBytesPerUs;
 } gpuCost[gcommNumProtos] = {
-    {5.0, 12000, 350000}, /* Simple: payload, fence, tail counter */
-    {1.5, 6000, 175000},  /* LL: flags in the data, half of every line is flags */
+    {5.9, 20000, 340000}, /* Simple: payload, one release per post */
+    {5.4, 8000, 120000},  /* LL: flags in the data */
 };
 
 static double predictGpuUs(int func, int algo, int proto, int n, double bytes, int nch) {

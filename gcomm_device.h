@@ -31,10 +31,11 @@ extern "C" {
 #define GCOMM_DEV_FIFO_HDR 256
 #define GCOMM_DEV_HEAD_BYTES 128
 #define GCOMM_DEV_THREADS 512
-#define GCOMM_DEV_SMALL_WORKS 8   /* works a small launch carries in its parameters */
-#define GCOMM_DEV_MAX_WORKS 128   /* works one launch carries at most (a bigger group is split) */
-#define GCOMM_DEV_CACHE_RANKS 256 /* a block keeps its lane's connections in shared memory up to \
-                                   */
+#define GCOMM_DEV_SMALL_WORKS 8 /* works a small launch carries in its parameters */
+#define GCOMM_DEV_MAX_WORKS 128 /* works one launch carries at most (a bigger group is split) */
+#define GCOMM_DEV_CACHE_RANKS                                        \
+  256 /* a block keeps its lane's connections in shared memory up to \
+       */
 
 typedef struct {
   volatile uint64_t* tail;  /* recv: in this rank's memory; send: in the receiver's */
@@ -58,6 +59,8 @@ typedef struct {
   size_t slotBytes;
   gcommDevConn_t* send; /* device array [lane * nranks + peer] */
   gcommDevConn_t* recv;
+  uint64_t*
+      steps; /* the connections' step counters: send [i], then receive [nLanes * nranks + i] */
   volatile int* abortFlag; /* mapped host memory */
   gcommDevError_t* error;  /* mapped host memory */
   unsigned long long timeoutNs;
@@ -75,8 +78,8 @@ typedef struct {
 /* One launch: block b runs works[first[b] .. first[b+1]) in order. All works of a block come
  * from one queue, so they use one lane. */
 typedef struct {
-  gcommDevComm_t* comm; /* device copy */
-  int nranks;           /* comm->nranks: sizes the blocks' connection caches */
+  gcommDevComm_t* comm;    /* device copy (the kernels' error claim word) */
+  gcommDevComm_t hostCopy; /* the same, passed by value: no global load to start a block */
   int nBlocks, nWorks;
   uint16_t first[GCOMM_DEV_MAX_WORKS + 1];
   gcommDevWork_t works[GCOMM_DEV_MAX_WORKS];

@@ -494,10 +494,13 @@ static __device__ void dataStep(const StepIo& io, int datatype, int op, bool ll,
 }
 
 /* ---- waiting, with the abort flag and a deadline ---- */
+/* ACQUIRE for a tail (the slot's data is read next); a head only says a slot is free, and no
+ * store to it can be performed before the load that decides it: relaxed is enough there. */
+template <bool ACQUIRE>
 static __device__ int waitFor(const gcommDevComm_t* comm, volatile uint64_t* p, uint64_t target,
                               uint64_t* t0) {
   unsigned spins = 0;
-  while (ldAcquire(p) < target) {
+  while ((ACQUIRE ? ldAcquire(p) : *p) < target) {
     if (++spins < 512) continue;
     spins = 0;
     if (*comm->abortFlag) return gcommAborted;
@@ -551,7 +554,7 @@ static __device__ void recordError(gcommDevComm_t* gcomm, const gcommDevComm_t* 
 template <int W>
 struct KArgs {
   gcommDevComm_t* comm;
-  int nranks;
+  gcommDevComm_t hostCopy;
   int nBlocks, nWorks;
   uint16_t first[W + 1];
   gcommDevWork_t works[W];
@@ -560,7 +563,6 @@ struct KArgs {
 template <int W>
 __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
     gcommKernel(const __grid_constant__ KArgs<W> a) {
-  __shared__ gcommDevComm_t comm;
   __shared__ const char* shIn[2];
   __shared__ char* shOut[2];
   __shared__ uint32_t shFlagIn[2], shFlagOut[2];
@@ -571,11 +573,8 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
    * point-to-point lane own other peers' counters: those are left alone). */
   extern __shared__ char shCache[];
   const int tid = threadIdx.x;
-  if (tid == 0) {
-    comm = *a.comm;
-    shFail = 0;
-  }
-  __syncthreads();
+  const gcommDevComm_t& comm = a.hostCopy; /* kernel parameters: no global load */
+  if (tid == 0) shFail = 0;
   const int n = comm.nranks;
   const int lane0 = a.works[a.first[blockIdx.x]].lane;
   const bool cached = n <= GCOMM_DEV_CACHE_RANKS;
@@ -584,9 +583,10 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
   if (cached) {
     gcommDevConn_t* conns = (gcommDevConn_t*)shCache;
     uint64_t* steps = (uint64_t*)(conns + 2 * n); /* [2n] counters, then [2n] their start */
-    for (int i = tid; i < 2 * n; i += blockDim.x) {
+    const size_t nc = (size_t)comm.nLanes * n;
+    for (int i = tid; i < 2 * n; i += blockDim.x) { /* independent loads: one memory round trip */
       conns[i] = i < n ? sendC[i] : recvC[i - n];
-      steps[i] = steps[2 * n + i] = conns[i].step ? *conns[i].step : 0;
+      steps[i] = steps[2 * n + i] = comm.steps[(i < n ? 0 : nc) + (size_t)lane0 * n + i % n];
       conns[i].step = steps + i;
     }
     sendC = conns;
@@ -618,7 +618,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
             if (ll)
               err = waitLlHeader(&comm, (const uint4*)slot, (uint32_t)(step + 1), &t0, &got);
             else
-              err = waitFor(&comm, c.tail, step + 1, &t0);
+              err = waitFor<true>(&comm, c.tail, step + 1, &t0);
             if (err) {
               recordError(a.comm, &comm, err, p, w.lane, 1, sched.func, s, 0, 0);
               break;
@@ -638,7 +638,8 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
           if (p >= 0) {
             const gcommDevConn_t& c = sendC[p];
             uint64_t step = *c.step;
-            if (step >= GCOMM_STEPS) err = waitFor(&comm, c.head, step + 1 - GCOMM_STEPS, &t0);
+            if (step >= GCOMM_STEPS)
+              err = waitFor<false>(&comm, c.head, step + 1 - GCOMM_STEPS, &t0);
             if (err) {
               recordError(a.comm, &comm, err, p, w.lane, 0, sched.func, s, 0, 0);
               break;
@@ -710,10 +711,10 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
     __syncthreads();
     const gcommDevConn_t* conns = (const gcommDevConn_t*)shCache;
     const uint64_t* steps = (const uint64_t*)(conns + 2 * n);
-    for (int i = tid; i < 2 * n; i += blockDim.x) {
-      uint64_t* global = i < n ? comm.send[lane0 * n + i].step : comm.recv[lane0 * n + i - n].step;
-      if (steps[i] != steps[2 * n + i]) *global = steps[i];
-    }
+    const size_t nc = (size_t)comm.nLanes * n;
+    for (int i = tid; i < 2 * n; i += blockDim.x)
+      if (steps[i] != steps[2 * n + i])
+        comm.steps[(i < n ? 0 : nc) + (size_t)lane0 * n + i % n] = steps[i];
   }
 }
 
@@ -721,14 +722,14 @@ template <int W>
 static int launch(const gcommDevLaunch_t* src, void* stream) {
   KArgs<W> k;
   k.comm = src->comm;
-  k.nranks = src->nranks;
+  k.hostCopy = src->hostCopy;
   k.nBlocks = src->nBlocks;
   k.nWorks = src->nWorks;
   for (int i = 0; i <= src->nBlocks; i++) k.first[i] = src->first[i];
   for (int i = 0; i < src->nWorks; i++) k.works[i] = src->works[i];
-  size_t cache = src->nranks <= GCOMM_DEV_CACHE_RANKS
-                     ? 2 * (size_t)src->nranks * (sizeof(gcommDevConn_t) + 2 * sizeof(uint64_t))
-                     : 0;
+  size_t n = (size_t)src->hostCopy.nranks;
+  size_t cache =
+      n <= GCOMM_DEV_CACHE_RANKS ? 2 * n * (sizeof(gcommDevConn_t) + 2 * sizeof(uint64_t)) : 0;
   gcommKernel<W><<<src->nBlocks, GCOMM_DEV_THREADS, cache, (cudaStream_t)stream>>>(k);
   return (int)cudaGetLastError();
 }

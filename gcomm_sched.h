@@ -56,8 +56,8 @@ typedef enum { gcommProtoSimple, gcommProtoLL, gcommNumProtos } gcommProto_t;
 #define GCOMM_LL_LINE 16
 /* LL slots are their own (never shared with Simple payloads, which could hold a value that looks
  * like a flag): GCOMM_STEPS of them per connection, each carrying GCOMM_LL_SLOT_PAYLOAD bytes. */
-#define GCOMM_LL_SLOT_BYTES 65536
-#define GCOMM_LL_SLOT_PAYLOAD (((GCOMM_LL_SLOT_BYTES - GCOMM_LL_LINE) / 2) & ~(size_t)7)
+#define GCOMM_LL_SLOT_PAYLOAD ((size_t)32768)
+#define GCOMM_LL_SLOT_BYTES (GCOMM_LL_LINE + 2 * GCOMM_LL_SLOT_PAYLOAD)
 
 enum { GCOMM_BUF_NONE = 0, GCOMM_BUF_IN = 1, GCOMM_BUF_OUT = 2 };
 

@@ -171,6 +171,7 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
   d->host.slotBytes = comm->slotBytes;
   d->host.send = d->conns;
   d->host.recv = d->conns + nc;
+  d->host.steps = steps;
   d->host.abortFlag = abortDev;
   d->host.error = errDev;
   d->host.timeoutNs = (unsigned long long)comm->params.timeoutMs * 1000000ull;
@@ -191,7 +192,7 @@ static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* st
   struct gcommDev* d = comm->dev;
   if (a->nWorks == 0) return gcommSuccess;
   a->comm = d->devComm;
-  a->nranks = comm->nranks;
+  a->hostCopy = d->host;
   a->first[a->nBlocks] = (uint16_t)a->nWorks;
   int e = gcommKernelLaunch(a, stream);
   if (e != cudaSuccess)
