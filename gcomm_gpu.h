@@ -169,8 +169,10 @@ static __device__ __forceinline__ uint64_t gcommGpuTimerNs() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+/* A FIFO slot is rewritten by the peer (through NVLink into this GPU's L2): skip L1, which is
+ * not coherent, but keep L2 (ld.global.cg), which is. */
 static __device__ __forceinline__ uint4 gcommGpuLdFifo(const uint4* p) {
-  return __ldcv(p);
+  return __ldcg(p);
 }
 /* LL lines: one 16-byte volatile access (each 8-byte half carries its own flag, so even a torn
  * line is detected by the reader). */
