@@ -4,6 +4,7 @@
 #               make OFI=1      + libfabric transport between nodes
 #               make SAN=1      AddressSanitizer + UndefinedBehaviorSanitizer
 #               make test       the test suite (test/run.sh)       make run   the main benchmark
+#               make test-profiler   the example profiler plugin's trace of 4 ranks, checked
 MPICC   ?= mpicc
 MPIEXEC ?= mpiexec
 BUILD   ?= build
@@ -100,6 +101,10 @@ $(BUILD)/test/%: test/%.c $(BUILD)/libgcomm.a gcomm.h $(wildcard test/*.h)
 test: all
 	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/run.sh
 
+# the example profiler plugin end to end: 4 ranks of gcomm_perf, merged trace checked
+test-profiler: all
+	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/test_profiler_trace.sh
+
 # the network transport between pretend nodes (make OFI=1 BUILD=build-ofi test-net)
 test-net: all
 	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/test_net.sh
@@ -113,7 +118,7 @@ format:
 clean:
 	rm -rf $(BUILD)
 
-.PHONY: all test test-net run format clean
+.PHONY: all test test-profiler test-net run format clean
 .PRECIOUS: $(BUILD)/obj/%.o
 
 # GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1 NCCL_HOME=...]

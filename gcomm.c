@@ -1720,17 +1720,19 @@ static void profLog(int level, unsigned long flags, const char* file, int line, 
 }
 
 /* A path (with a '/') as given; else libgcomm-profiler-NAME.so, then NAME as a library name.
- * On failure err holds the loader's message for the first candidate. */
+ * On failure err holds the loader's message for the first candidate. RTLD_NODELETE: a plugin's
+ * process-wide state (an open trace file) outlives the communicators that loaded it. */
 static void* profOpen(const char* name, char* err, size_t errLen) {
   char shortName[PATH_MAX];
   void* lib;
   if (strchr(name, '/') == NULL) {
     snprintf(shortName, sizeof(shortName), "libgcomm-profiler-%s.so", name);
-    if ((lib = dlopen(shortName, RTLD_NOW | RTLD_LOCAL)) != NULL) return lib;
+    if ((lib = dlopen(shortName, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)) != NULL) return lib;
     snprintf(err, errLen, "%s", dlerror());
-    return dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    return dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   }
-  if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL)) == NULL) snprintf(err, errLen, "%s", dlerror());
+  if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)) == NULL)
+    snprintf(err, errLen, "%s", dlerror());
   return lib;
 }
 

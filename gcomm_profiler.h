@@ -8,7 +8,8 @@
  * value with a '/'), or a short name NAME for libgcomm-profiler-NAME.so on the loader's search
  * path (LD_LIBRARY_PATH), or a library name as given; unset, empty or "none": no profiler. A
  * library that does not load, lacks the symbol, or whose init fails is reported with a warning
- * and the communicator runs without a profiler.
+ * and the communicator runs without a profiler. A loaded library stays loaded until the process
+ * exits (RTLD_NODELETE): its process-wide state outlives the communicators.
  *
  * Calls. init once per communicator (each has its own context), finalize when it is destroyed.
  * startEvent/stopEvent/recordEventState come from the thread that enqueues and from the progress

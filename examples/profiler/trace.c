@@ -9,8 +9,9 @@
  *   GCOMM_PROFILER_TRACE=/tmp/trace-%r.json mpiexec -n 4 build/gcomm_perf ...
  *
  * GCOMM_PROFILER_TRACE is the file name pattern: %r becomes the rank (in the first communicator
- * of the process), %p the pid; default gcomm-trace-%r.json. A process that destroys all its
- * communicators and then creates another writes a second file, with .1 added (then .2, ...).
+ * of the process), %p the pid; default gcomm-trace-%r.json. The file holds every communicator
+ * of the process (tracks are named after them) and is completed when the process exits (gcomm
+ * keeps a plugin loaded); a process that dies leaves it unterminated, which the tool repairs.
  *
  * Every event type is enabled. Events are written as complete ("X") slices when they end, on
  * tracks (threads) where slices nest properly: "ops" for Group/Coll/P2p (a slice per lane, a
@@ -65,7 +66,7 @@ typedef struct {
 /* Process-wide: one file, one lock for everything. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE* out;
-static int outRank, nContexts, generation, wroteEvent;
+static int outRank, opened;
 static uint64_t nextId = 1;
 static track_t* tracks;
 static int nTracks, capTracks;
@@ -96,15 +97,12 @@ static void openTrace(int rank) {
       path[n++] = *c;
   }
   path[n] = 0;
-  if (generation > 0) snprintf(path + n, sizeof(path) - n, ".%d", generation);
-  generation++;
   out = fopen(path, "w");
   if (out == NULL) {
     logger(1, 0, __FILE__, __LINE__, "trace plugin: cannot write %s", path);
     return;
   }
   outRank = rank;
-  wroteEvent = 0;
   fprintf(out, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
   fprintf(out,
           "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":"
@@ -114,11 +112,17 @@ static void openTrace(int rank) {
   logger(2, 0, __FILE__, __LINE__, "trace plugin: writing %s", path);
 }
 
-static void closeTrace(void) {
-  if (out == NULL) return;
-  fprintf(out, "\n]}\n");
-  fclose(out);
-  out = NULL;
+/* At exit: the file ends, whatever communicators are left. */
+__attribute__((destructor)) static void closeTrace(void) {
+  pthread_mutex_lock(&lock);
+  if (out != NULL) {
+    fprintf(out, "\n]}\n");
+    fclose(out);
+    out = NULL;
+  }
+  free(tracks);
+  tracks = NULL;
+  pthread_mutex_unlock(&lock);
 }
 
 /* A lane of track `key` free at time t (held until released, or until `until`). */
@@ -299,7 +303,6 @@ static void writeEvent(const event_t* e) {
   fprintf(out, ",\"args\":{");
   writeArgs(out, e);
   fprintf(out, "}}");
-  wroteEvent = 1;
 }
 
 static void unlink_(event_t* e) {
@@ -341,7 +344,8 @@ static gcommResult_t traceInit(void** context, uint64_t commId, int* eActivation
   ctx->mask = gcommProfileAll;
   pthread_mutex_lock(&lock);
   logger = logfn;
-  if (nContexts++ == 0) openTrace(rank);
+  if (!opened) openTrace(rank); /* at the first communicator of the process */
+  opened = 1;
   pthread_mutex_unlock(&lock);
   *eActivationMask = ctx->mask;
   *context = ctx;
@@ -417,12 +421,6 @@ static gcommResult_t traceFinalize(void* context) {
     event_t* e = ctx->live;
     ctx->live = e->next;
     free(e);
-  }
-  if (--nContexts == 0) {
-    closeTrace();
-    free(tracks);
-    tracks = NULL;
-    nTracks = capTracks = 0;
   }
   pthread_mutex_unlock(&lock);
   free(ctx);
