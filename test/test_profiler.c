@@ -29,7 +29,7 @@ static const char* const collNames[NCOLLS] = {"AllReduce",     "Broadcast", "Red
 static void runOps(gcommComm_t comm, size_t count, size_t pcount, float* send, float* recv,
                    float* precv) {
   int n = tlNranks, root = n - 1;
-  for (size_t i = 0; i < n * count; i++) send[i] = (float)(tlRank + 1);
+  for (size_t i = 0; i < n * count || i < pcount; i++) send[i] = (float)(tlRank + 1);
   TL_OK(comm, gcommAllReduce(send, recv, count, gcommFloat32, gcommSum, comm, NULL));
   TL_OK(comm, gcommWait(comm, NULL));
   for (size_t i = 0; i < count; i++)
@@ -270,8 +270,9 @@ int main(int argc, char** argv) {
   }
 
   size_t count = 20000, pcount = 30011; /* 2 channels of several 8 KB steps each */
-  float* send = malloc(tlNranks * count * sizeof(float));
-  float* recv = malloc(tlNranks * count * sizeof(float));
+  size_t elems = tlNranks * count > pcount ? tlNranks * count : pcount; /* the Send reads pcount */
+  float* send = malloc(elems * sizeof(float));
+  float* recv = malloc(elems * sizeof(float));
   float* precv = malloc(pcount * sizeof(float));
   char env[4200];
   snprintf(env, sizeof(env), "GCOMM_PROFILER_PLUGIN=%s GCOMM_BUFFSIZE=64K GCOMM_NCHANNELS=2",
