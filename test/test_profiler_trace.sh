@@ -23,6 +23,10 @@ report() { # status what [why]
   fi
 }
 
+# as test/run.sh: MPI's and hwloc's own leaks are not gcomm's (a SAN=1 build)
+export LSAN_OPTIONS="suppressions=$here/test/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+export HWLOC_PLUGINS_PATH=${HWLOC_PLUGINS_PATH:-/nonexistent}
+
 flags=()
 if "$MPIEXEC" --version 2>&1 | grep -qi "open mpi\|openrte"; then
   flags+=(--oversubscribe)
