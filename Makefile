@@ -4,6 +4,7 @@
 #               make OFI=1      + libfabric transport between nodes
 #               make SAN=1      AddressSanitizer + UndefinedBehaviorSanitizer
 #               make test       the test suite (test/run.sh)       make run   the main benchmark
+#               make test-profiler   the example profiler plugin's trace of 4 ranks, checked
 MPICC   ?= mpicc
 MPIEXEC ?= mpiexec
 BUILD   ?= build
@@ -17,7 +18,7 @@ LDFLAGS += -fsanitize=address,undefined
 endif
 
 LIB_SRC  = gcomm.c transports/shm.c
-LIB_HDR  = gcomm.h gcomm_internal.h gcomm_sched.h gcomm_reduce.h gcomm_device.h gcomm_gpu.h
+LIB_HDR  = gcomm.h gcomm_profiler.h gcomm_internal.h gcomm_sched.h gcomm_reduce.h gcomm_device.h gcomm_gpu.h
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 
 ifeq ($(CUDA),1)
@@ -61,8 +62,12 @@ endif
 
 EXAMPLES = $(patsubst examples/%.c,$(BUILD)/%,$(wildcard examples/*.c))
 TESTS    = $(patsubst test/%.c,$(BUILD)/test/%,$(wildcard test/*.c))
+# profiler plugins (gcomm_profiler.h): the example, and the tests' (outside $(BUILD)/test/*, which
+# test/run.sh runs)
+PLUGINS  = $(patsubst examples/profiler/%.c,$(BUILD)/examples/libgcomm-profiler-%.so,$(wildcard examples/profiler/*.c)) \
+           $(patsubst test/plugins/%.c,$(BUILD)/test/plugins/libgcomm-profiler-%.so,$(wildcard test/plugins/*.c))
 
-all: $(BUILD)/libgcomm.a $(BUILD)/libgcomm.so $(EXAMPLES) $(TESTS)
+all: $(BUILD)/libgcomm.a $(BUILD)/libgcomm.so $(EXAMPLES) $(TESTS) $(PLUGINS)
 
 $(BUILD)/obj/%.o: %.c $(LIB_HDR)
 	@mkdir -p $(dir $@)
@@ -83,12 +88,22 @@ $(BUILD)/gcomm_perf: examples/gcomm_perf.c $(BUILD)/libgcomm.a gcomm.h
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
 $(BUILD)/%: examples/%.c $(BUILD)/libgcomm.a gcomm.h
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
+$(BUILD)/examples/libgcomm-profiler-%.so: examples/profiler/%.c gcomm_profiler.h gcomm.h
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
+$(BUILD)/test/plugins/libgcomm-profiler-%.so: test/plugins/%.c gcomm_profiler.h gcomm.h
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
 $(BUILD)/test/%: test/%.c $(BUILD)/libgcomm.a gcomm.h $(wildcard test/*.h)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
 
 test: all
 	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/run.sh
+
+# the example profiler plugin end to end: 4 ranks of gcomm_perf, merged trace checked
+test-profiler: all
+	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/test_profiler_trace.sh
 
 # the network transport between pretend nodes (make OFI=1 BUILD=build-ofi test-net)
 test-net: all
@@ -98,12 +113,12 @@ run: $(BUILD)/gcomm_perf
 	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
 
 format:
-	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c examples/*.c test/*.c test/*.h test/gpu/*.c
+	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c
 
 clean:
 	rm -rf $(BUILD)
 
-.PHONY: all test test-net run format clean
+.PHONY: all test test-profiler test-net run format clean
 .PRECIOUS: $(BUILD)/obj/%.o
 
 # GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1 NCCL_HOME=...]
@@ -111,6 +126,6 @@ ifeq ($(CUDA),1)
 $(BUILD)/test/gpu/%: test/gpu/%.c $(BUILD)/libgcomm.a gcomm.h
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
-gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/gcomm_perf
+gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/gcomm_perf $(PLUGINS)
 .PHONY: gpu-test
 endif

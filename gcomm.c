@@ -77,6 +77,8 @@ static const gcommParamDef_t paramTable[] = {
      "deadline of every wait, in milliseconds"},
     {"GCOMM_HOSTID", "", PARAM_STR, PARAM_AT(hostId), NULL, 0, 0,
      "ranks with the same value share a node (default: MPI_COMM_TYPE_SHARED)"},
+    {"GCOMM_PROFILER_PLUGIN", "", PARAM_STR, PARAM_AT(profilerPlugin), NULL, 0, 0,
+     "profiler plugin: a path, or NAME for libgcomm-profiler-NAME.so (default: none)"},
 #ifdef GCOMM_OFI
     {"GCOMM_NET_DISABLE", "0", PARAM_INT, PARAM_AT(netDisable), NULL, 0, 1,
      "1: refuse ranks on other nodes instead of using the network (OFI=1 builds)"},
@@ -177,8 +179,8 @@ static pthread_mutex_t logLock = PTHREAD_MUTEX_INITIALIZER;
 static char hostName[64];
 static __thread char threadLastError[1024];
 
-static const char* const subsysNames[] = {"INIT", "COLL",   "P2P", "PROXY", "NET",
-                                          "SHM",  "TUNING", "ENV", NULL};
+static const char* const subsysNames[] = {"INIT", "COLL",   "P2P", "PROXY",   "NET",
+                                          "SHM",  "TUNING", "ENV", "PROFILE", NULL};
 
 static void logInit(void) {
   gethostname(hostName, sizeof(hostName) - 1);
@@ -568,8 +570,11 @@ static int advanceWork(gcommComm_t comm, gcommWork_t* w, gcommResult_t* res) {
     gcommStep_t st;
     int isRecv = 0;
     gcommSchedGetStep(&w->sched, w->step, &st);
+    if (GCOMM_PROF_ON(comm, gcommProfileProxyOp | gcommProfileProxyStep))
+      gcommProfStepBegin(comm, w, &st);
     int peer = stepBlockedOn(comm, w->lane, &st, &isRecv);
     if (peer >= 0) {
+      if (w->profStep != NULL && w->waitSinceNs == 0) gcommProfStepWait(comm, w, peer, isRecv);
       *res = workBlocked(comm, w, peer, isRecv);
       return *res == gcommSuccess ? ran : -1;
     }
@@ -577,6 +582,7 @@ static int advanceWork(gcommComm_t comm, gcommWork_t* w, gcommResult_t* res) {
     if (*res != gcommSuccess) return -1;
     w->waitSinceNs = 0;
     w->step++;
+    if (w->profStarted) gcommProfWorkStepEnd(comm, w, w->step == w->nSteps);
     ran++;
   }
   return ran;
@@ -603,6 +609,7 @@ static void opFinished(gcommComm_t comm, gcommOp_t* op) {
 }
 
 static void workFinished(gcommComm_t comm, gcommWork_t* w) {
+  if (w->profStarted) gcommProfWorkStepEnd(comm, w, 1); /* drained before its end */
   comm->nActiveWorks--;
   if (--w->op->nWorksLeft == 0) opFinished(comm, w->op);
 }
@@ -610,8 +617,12 @@ static void workFinished(gcommComm_t comm, gcommWork_t* w) {
 /* Moves up to max posted operations into the queues. */
 static void fetchPosted(gcommComm_t comm, long max) {
   if (comm->postedHead == NULL) return; /* racy peek; the next pass sees what it missed */
+  void* ctrl = GCOMM_PROF_ON(comm, gcommProfileProxyCtrl)
+                   ? gcommProfCtrlStart(comm, gcommProfilerProxyCtrlAppend)
+                   : NULL;
+  long k = 0;
   pthread_mutex_lock(&comm->postLock);
-  for (long k = 0; k < max && comm->postedHead != NULL; k++) {
+  for (; k < max && comm->postedHead != NULL; k++) {
     gcommOp_t* op = comm->postedHead;
     comm->postedHead = op->next;
     if (comm->postedHead == NULL) comm->postedTail = NULL;
@@ -628,6 +639,7 @@ static void fetchPosted(gcommComm_t comm, long max) {
     comm->nActiveWorks += op->nWorks;
   }
   pthread_mutex_unlock(&comm->postLock);
+  if (ctrl != NULL) gcommProfCtrlStop(comm, ctrl, gcommProfilerProxyCtrlAppendEnd, (int)k);
 }
 
 /* After an error or an abort nothing can move any more: finish every operation as failed. */
@@ -764,7 +776,11 @@ static void* progressThread(void* arg) {
       pthread_mutex_lock(&comm->postLock);
       if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
         struct timespec ts = deadlineIn(100 * 1000000); /* wake now and then for dumps */
+        void* ctrl = GCOMM_PROF_ON(comm, gcommProfileProxyCtrl)
+                         ? gcommProfCtrlStart(comm, gcommProfilerProxyCtrlSleep)
+                         : NULL;
         pthread_cond_timedwait(&comm->postCond, &comm->postLock, &ts);
+        if (ctrl != NULL) gcommProfCtrlStop(comm, ctrl, gcommProfilerProxyCtrlWakeup, 0);
       }
       pthread_mutex_unlock(&comm->postLock);
       idleSince = 0;
@@ -990,6 +1006,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
              comm->name, comm->rank, comm->nranks, comm->nLocal, comm->nChannels, comm->slotBytes,
              proxyModeNames[comm->params.proxyMode], (int)getpid());
   tuningPrint(comm);
+  gcommProfInit(comm); /* last: a failing setup has no profiler to finalize */
   return gcommSuccess;
 }
 
@@ -1003,6 +1020,7 @@ static void commFree(gcommComm_t comm) {
     pthread_join(comm->thread, NULL);
   }
   if (comm->queues) drainAll(comm); /* frees whatever never ran */
+  gcommProfFinalize(comm);          /* no hook runs after this */
 #ifdef GCOMM_GPU
   gcommDeviceFree(comm);
 #endif
@@ -1519,6 +1537,8 @@ static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
               funcNames[op->func], (unsigned long long)op->seq, op->count, typeNames[op->datatype],
               opNames[op->redop], op->func >= gcommFuncSend ? op->peer : op->root,
               algoNames[op->algo], protoNames[op->proto], op->nChannels, op->nWorks);
+  if (GCOMM_PROF_ON(comm, gcommProfileGroup | gcommProfileColl | gcommProfileP2p))
+    gcommProfOpEnqueued(comm, op, groupDepth > 0);
 #ifdef GCOMM_GPU
   if (comm->device >= 0) { /* a GPU communicator launches (now, or at the group's end) */
     if (op->nWorks == 0) {
@@ -1584,6 +1604,7 @@ gcommResult_t gcommGroupEnd(void) {
 #endif
       r = postOps(comm, comm->groupHead, tail, count);
     if (r != gcommSuccess && res == gcommSuccess) res = r;
+    if (comm->profGroup != NULL) gcommProfGroupEnd(comm);
     comm->groupHead = comm->groupTail = NULL;
     comm->groupNext = NULL;
     comm->inGroup = 0;
@@ -1733,4 +1754,240 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
     }
   }
   return finalResult(comm, __func__);
+}
+
+/* ======================================================================================== */
+/* Profiler: the plugin (GCOMM_PROFILER_PLUGIN, gcomm_profiler.h) and the hooks' bodies.    */
+/* Every hook sits behind GCOMM_PROF_ON or a non-NULL handle: with no plugin, one branch.   */
+/* ======================================================================================== */
+
+#define PROF_OP 1   /* gcommWork_t.profStarted: its ProxyOp event was started */
+#define PROF_STEP 2 /* ... and its current step's ProxyStep event */
+
+/* The plugin's logger: its messages go where gcomm's go, under the PROFILE subsystem. */
+static void profLog(int level, unsigned long flags, const char* file, int line, const char* fmt,
+                    ...) {
+  (void)flags;
+  level = level < GCOMM_LOG_WARN    ? GCOMM_LOG_WARN
+          : level > GCOMM_LOG_TRACE ? GCOMM_LOG_TRACE
+                                    : level;
+  if (!gcommLogEnabled(level, GCOMM_SUBSYS_PROFILE)) return;
+  char msg[1024], where[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  snprintf(where, sizeof(where), "profiler plugin %s:%d", file ? file : "?", line);
+  logWrite(level, NULL, where, msg);
+}
+
+/* A path (with a '/') as given; else libgcomm-profiler-NAME.so, then NAME as a library name.
+ * On failure err holds the loader's message for the first candidate. RTLD_NODELETE: a plugin's
+ * process-wide state (an open trace file) outlives the communicators that loaded it. */
+static void* profOpen(const char* name, char* err, size_t errLen) {
+  char shortName[PATH_MAX];
+  void* lib;
+  if (strchr(name, '/') == NULL) {
+    snprintf(shortName, sizeof(shortName), "libgcomm-profiler-%s.so", name);
+    if ((lib = dlopen(shortName, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)) != NULL) return lib;
+    snprintf(err, errLen, "%s", dlerror());
+    return dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  }
+  if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)) == NULL)
+    snprintf(err, errLen, "%s", dlerror());
+  return lib;
+}
+
+void gcommProfInit(gcommComm_t comm) {
+  const char* name = comm->params.profilerPlugin;
+  if (name == NULL || strcmp(name, "none") == 0) return;
+  char err[512] = "";
+  void* lib = profOpen(name, err, sizeof(err));
+  if (lib == NULL) {
+    GCOMM_WARN(comm, "GCOMM_PROFILER_PLUGIN=%s: cannot load it (%s); profiling is off", name, err);
+    return;
+  }
+  const gcommProfiler_v1_t* api = dlsym(lib, GCOMM_PROFILER_SYMBOL);
+  if (api == NULL || !api->init || !api->startEvent || !api->stopEvent || !api->recordEventState ||
+      !api->finalize) {
+    GCOMM_WARN(comm,
+               "GCOMM_PROFILER_PLUGIN=%s: no %s symbol with every function set (is it a gcomm "
+               "profiler plugin?); profiling is off",
+               name, GCOMM_PROFILER_SYMBOL);
+    dlclose(lib);
+    return;
+  }
+  /* an id every rank computes alike: rank 0's segment name is unique on its host */
+  uint64_t commId = hashString(comm->cards[0].host) ^ (hashString(comm->cards[0].shmName) << 1);
+  int nNodes = 0;
+  for (int p = 0; p < comm->nranks; p++) nNodes += comm->cards[p].hostId == (uint64_t)p;
+  comm->prof.api = api;
+  gcommResult_t res = api->init(&comm->prof.context, commId, &comm->prof.mask, comm->name, nNodes,
+                                comm->nranks, comm->rank, profLog);
+  if (res != gcommSuccess) {
+    GCOMM_WARN(comm, "GCOMM_PROFILER_PLUGIN=%s: the plugin's init failed (%s); profiling is off",
+               name, gcommGetErrorString(res));
+    __atomic_store_n(&comm->prof.mask, 0, __ATOMIC_RELAXED);
+    comm->prof.api = NULL;
+    comm->prof.context = NULL;
+    dlclose(lib);
+    return;
+  }
+  comm->prof.lib = lib;
+  GCOMM_INFO(GCOMM_SUBSYS_INIT | GCOMM_SUBSYS_PROFILE, comm,
+             "profiler plugin \"%s\" (%s) loaded, event mask 0x%x", api->name ? api->name : "?",
+             name, comm->prof.mask);
+#ifdef GCOMM_GPU
+  if (comm->device >= 0) gcommDeviceProfSetup(comm); /* kernel timestamps; warns on failure */
+#endif
+}
+
+void gcommProfFinalize(gcommComm_t comm) {
+  if (comm->prof.api == NULL) return;
+  __atomic_store_n(&comm->prof.mask, 0, __ATOMIC_RELAXED);
+  comm->prof.api->finalize(comm->prof.context);
+  dlclose(comm->prof.lib);
+  memset(&comm->prof, 0, sizeof(comm->prof));
+}
+
+static void* profStart(gcommComm_t comm, gcommProfilerEventDescr_v1_t* d, uint64_t type,
+                       void* parent) {
+  void* handle = NULL;
+  d->type = type;
+  d->parentObj = parent;
+  d->rank = comm->rank;
+  comm->prof.api->startEvent(comm->prof.context, &handle, d);
+  return handle;
+}
+
+void gcommProfStop(gcommComm_t comm, void* handle) {
+  comm->prof.api->stopEvent(handle);
+}
+
+void gcommProfOpEnqueued(gcommComm_t comm, gcommOp_t* op, int inGroup) {
+  gcommProfilerEventDescr_v1_t d;
+  int mask = __atomic_load_n(&comm->prof.mask, __ATOMIC_RELAXED);
+  int isP2p = op->func == gcommFuncSend || op->func == gcommFuncRecv;
+  memset(&d, 0, sizeof(d));
+  if (inGroup && comm->profGroup == NULL && (mask & gcommProfileGroup))
+    comm->profGroup = profStart(comm, &d, gcommProfileGroup, NULL);
+  if (!(mask & (isP2p ? gcommProfileP2p : gcommProfileColl))) return;
+  size_t esz = gcommTypeSize(op->datatype);
+  size_t bytes = op->count * esz * (op->func >= gcommFuncAllGather && !isP2p ? comm->nranks : 1);
+  if (isP2p) {
+    d.p2p.name = funcNames[op->func];
+    d.p2p.peer = op->peer;
+    d.p2p.count = op->count;
+    d.p2p.datatype = typeNames[op->datatype];
+    d.p2p.bytes = bytes;
+    d.p2p.nChannels = op->nWorks;
+    d.p2p.buff = op->func == gcommFuncSend ? op->sendbuff : op->recvbuff;
+  } else {
+    d.coll.name = funcNames[op->func];
+    d.coll.seqNumber = op->seq;
+    d.coll.count = op->count;
+    d.coll.datatype = typeNames[op->datatype];
+    d.coll.bytes = bytes;
+    d.coll.op = isReduction(op->func) ? opNames[op->redop] : "none";
+    d.coll.root = op->func == gcommFuncBroadcast || op->func == gcommFuncReduce ||
+                          op->func == gcommFuncGather || op->func == gcommFuncScatter
+                      ? op->root
+                      : -1;
+    d.coll.algorithm = algoNames[op->algo];
+    d.coll.protocol = protoNames[op->proto];
+    d.coll.nChannels = op->nWorks;
+    d.coll.sendBuff = op->sendbuff;
+    d.coll.recvBuff = op->recvbuff;
+  }
+  /* as NCCL's: the event ends once enqueued; the works' events (children) follow */
+  op->profHandle = profStart(comm, &d, isP2p ? gcommProfileP2p : gcommProfileColl, comm->profGroup);
+  if (op->profHandle != NULL) gcommProfStop(comm, op->profHandle);
+}
+
+void gcommProfGroupEnd(gcommComm_t comm) {
+  gcommProfStop(comm, comm->profGroup);
+  comm->profGroup = NULL;
+}
+
+void gcommProfStepBegin(gcommComm_t comm, gcommWork_t* w, const gcommStep_t* st) {
+  gcommProfilerEventDescr_v1_t d;
+  int mask = __atomic_load_n(&comm->prof.mask, __ATOMIC_RELAXED);
+  const gcommOp_t* op = w->op;
+  size_t esz = gcommTypeSize(op->datatype);
+  if (!(w->profStarted & PROF_OP) && (mask & gcommProfileProxyOp)) {
+    memset(&d, 0, sizeof(d));
+    d.proxyOp.channelId = w->lane;
+    d.proxyOp.peer = op->func >= gcommFuncSend ? op->peer : -1;
+    d.proxyOp.nSteps = w->nSteps;
+    d.proxyOp.chunkSize = w->sched.chunk * esz;
+    d.proxyOp.isSend = op->func == gcommFuncSend ? 1 : op->func == gcommFuncRecv ? 0 : -1;
+    w->profOp = profStart(comm, &d, gcommProfileProxyOp, op->profHandle);
+    w->profStarted |= PROF_OP;
+  }
+  if (!(w->profStarted & PROF_STEP) && (mask & gcommProfileProxyStep)) {
+    memset(&d, 0, sizeof(d));
+    d.proxyStep.step = w->step;
+    d.proxyStep.bytes = st->count * esz;
+    d.proxyStep.sendPeer = st->sendPeer[0];
+    d.proxyStep.recvPeer = st->recvPeer[0];
+    w->profStep = profStart(comm, &d, gcommProfileProxyStep, w->profOp);
+    w->profStarted |= PROF_STEP;
+  }
+}
+
+void gcommProfStepWait(gcommComm_t comm, gcommWork_t* w, int peer, int isRecv) {
+  gcommProfilerEventStateArgs_v1_t args;
+  args.proxyStep.peer = peer;
+  comm->prof.api->recordEventState(
+      w->profStep, isRecv ? gcommProfilerProxyStepRecvWait : gcommProfilerProxyStepSendWait, &args);
+}
+
+void gcommProfWorkStepEnd(gcommComm_t comm, gcommWork_t* w, int workOver) {
+  if (w->profStep != NULL) gcommProfStop(comm, w->profStep);
+  w->profStep = NULL;
+  w->profStarted &= ~PROF_STEP;
+  if (!workOver) return;
+  if (w->profOp != NULL) gcommProfStop(comm, w->profOp);
+  w->profOp = NULL;
+  w->profStarted = 0;
+}
+
+void* gcommProfCtrlStart(gcommComm_t comm, gcommProfilerEventState_v1_t state) {
+  gcommProfilerEventDescr_v1_t d;
+  memset(&d, 0, sizeof(d));
+  void* handle = profStart(comm, &d, gcommProfileProxyCtrl, NULL);
+  if (handle != NULL) comm->prof.api->recordEventState(handle, state, NULL);
+  return handle;
+}
+
+void gcommProfCtrlStop(gcommComm_t comm, void* handle, gcommProfilerEventState_v1_t state,
+                       int appended) {
+  gcommProfilerEventStateArgs_v1_t args;
+  args.proxyCtrl.appendedProxyOps = appended;
+  comm->prof.api->recordEventState(handle, state, &args);
+  gcommProfStop(comm, handle);
+}
+
+void gcommProfKernelCh(gcommComm_t comm, void* parent, int channel, uint64_t startNs,
+                       uint64_t stopNs) {
+  gcommProfilerEventDescr_v1_t d;
+  if (!GCOMM_PROF_ON(comm, gcommProfileKernelCh)) return;
+  memset(&d, 0, sizeof(d));
+  d.kernelCh.channelId = channel;
+  d.kernelCh.startNs = startNs;
+  d.kernelCh.stopNs = stopNs;
+  void* handle = profStart(comm, &d, gcommProfileKernelCh, parent);
+  if (handle != NULL) gcommProfStop(comm, handle);
+}
+
+void* gcommProfNetStart(gcommComm_t comm, int peer, int channel, uint64_t step, size_t bytes,
+                        int isSend) {
+  gcommProfilerEventDescr_v1_t d;
+  memset(&d, 0, sizeof(d));
+  d.net.peer = peer;
+  d.net.channelId = channel;
+  d.net.step = step;
+  d.net.bytes = bytes;
+  d.net.isSend = isSend;
+  return profStart(comm, &d, gcommProfileNet, NULL);
 }

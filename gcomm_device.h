@@ -80,6 +80,8 @@ typedef struct {
 typedef struct {
   gcommDevComm_t* comm;    /* device copy (the kernels' error claim word) */
   gcommDevComm_t hostCopy; /* the same, passed by value: no global load to start a block */
+  uint64_t* times;         /* profiler: [2 * work] start and stop %globaltimer of each work, in
+                              mapped host memory (device pointer), or NULL */
   int nBlocks, nWorks;
   uint16_t first[GCOMM_DEV_MAX_WORKS + 1];
   gcommDevWork_t works[GCOMM_DEV_MAX_WORKS];
@@ -87,6 +89,9 @@ typedef struct {
 
 /* gcomm_kernels.cu: one kernel launch on stream (a cudaStream_t). Returns a cudaError_t. */
 int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream);
+/* Profiler clock: one thread sets flags[0], waits for the host to set flags[1], then writes
+ * %globaltimer to flags[2] and sets flags[3] (flags: mapped host memory, device pointer). */
+int gcommKernelTimerPing(volatile uint64_t* flags, void* stream);
 
 #ifdef __cplusplus
 }
@@ -114,6 +119,9 @@ void gcommDeviceQuiesce(gcommComm_t comm);
 void gcommDeviceFree(gcommComm_t comm);
 /* checkArgs: a pointer the GPU cannot use (plain pageable host memory). */
 int gcommDeviceBadPointer(const void* ptr);
+/* Profiler (p2p.c's profiler section): kernel timestamps for KernelCh events, the GPU clock's
+ * offset to the host's; warns and leaves them off on failure. */
+void gcommDeviceProfSetup(gcommComm_t comm);
 #endif
 
 #endif /* GCOMM_DEVICE_H */

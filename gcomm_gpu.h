@@ -61,6 +61,11 @@
 #define cudaIpcCloseMemHandle hipIpcCloseMemHandle
 #define cudaIpcMemLazyEnablePeerAccess hipIpcMemLazyEnablePeerAccess
 #define cudaStreamQuery hipStreamQuery
+/* the profiler's clock calibration (transports/p2p.c) */
+#define cudaStreamCreateWithFlags hipStreamCreateWithFlags
+#define cudaStreamNonBlocking hipStreamNonBlocking
+#define cudaStreamSynchronize hipStreamSynchronize
+#define cudaStreamDestroy hipStreamDestroy
 #define cudaPointerAttributes hipPointerAttribute_t /* a struct tag too */
 #define cudaPointerGetAttributes hipPointerGetAttributes
 

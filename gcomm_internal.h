@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "gcomm.h"
+#include "gcomm_profiler.h"
 #include "gcomm_reduce.h"
 #include "gcomm_sched.h"
 
@@ -24,6 +25,7 @@ enum {
   GCOMM_SUBSYS_SHM = 1 << 5,
   GCOMM_SUBSYS_TUNING = 1 << 6,
   GCOMM_SUBSYS_ENV = 1 << 7,
+  GCOMM_SUBSYS_PROFILE = 1 << 8,
   GCOMM_SUBSYS_ALL = 0xffff
 };
 
@@ -70,6 +72,8 @@ typedef struct {
   const char* ofiProvider; /* GCOMM_OFI_PROVIDER, or NULL */
   const char* ofiIface;    /* GCOMM_OFI_IFACE, or NULL */
 #endif
+  /* GCOMM_PROFILER_PLUGIN, or NULL */
+  const char* profilerPlugin;
 } gcommParams_t;
 
 /* ---- Connections ----
@@ -106,6 +110,8 @@ typedef struct gcommWork {
   long step, nSteps;
   uint64_t waitSinceNs; /* when the current step first found a FIFO not ready; 0 when moving */
   int waitPeer, waitRecv;
+  int profStarted;         /* profiler: PROF_OP / PROF_STEP events started (0 without one) */
+  void *profOp, *profStep; /* their handles */
 } gcommWork_t;
 
 struct gcommOp {
@@ -116,6 +122,8 @@ struct gcommOp {
   size_t count;
   uint64_t seq; /* collectives: the communicator's collective sequence number */
   int nWorks, nWorksLeft;
+  /* profiler: the Coll/P2p event, parent of the works' events */
+  void* profHandle;
   gcommWork_t works[];
 };
 
@@ -133,6 +141,37 @@ typedef struct {
 } gcommCard_t;
 
 #define GCOMM_COMM_MAGIC 0x636f6d6du
+
+/* ---- Profiler (gcomm_profiler.h; the plugin section of gcomm.c) ---- */
+typedef struct {
+  int mask;  /* the plugin's activation mask (it may change it): 0 without a plugin */
+  void* lib; /* dlopen handle */
+  const gcommProfiler_v1_t* api;
+  void* context; /* its context for this communicator */
+} gcommProf_t;
+/* Whether a hook for these event types has work: the one branch a hook costs without a plugin. */
+#define GCOMM_PROF_ON(comm, types) \
+  __builtin_expect((__atomic_load_n(&(comm)->prof.mask, __ATOMIC_RELAXED) & (types)) != 0, 0)
+/* Loads GCOMM_PROFILER_PLUGIN and calls its init (a failure only warns); finalize at destroy. */
+void gcommProfInit(gcommComm_t comm);
+void gcommProfFinalize(gcommComm_t comm);
+/* The hooks, each behind GCOMM_PROF_ON or a non-NULL handle. */
+void gcommProfOpEnqueued(gcommComm_t comm, gcommOp_t* op, int inGroup); /* Group, Coll/P2p */
+void gcommProfGroupEnd(gcommComm_t comm);
+void gcommProfStepBegin(gcommComm_t comm, gcommWork_t* w, const gcommStep_t* st);
+void gcommProfStepWait(gcommComm_t comm, gcommWork_t* w, int peer, int isRecv);
+/* Stops w's step event, and its ProxyOp when the work is over (done, or drained: workOver). */
+void gcommProfWorkStepEnd(gcommComm_t comm, gcommWork_t* w, int workOver);
+void* gcommProfCtrlStart(gcommComm_t comm, gcommProfilerEventState_v1_t state);
+void gcommProfCtrlStop(gcommComm_t comm, void* handle, gcommProfilerEventState_v1_t state,
+                       int appended);
+/* A GPU communicator's kernel-channel event (transports/p2p.c, once its launch has completed). */
+void gcommProfKernelCh(gcommComm_t comm, void* parent, int channel, uint64_t startNs,
+                       uint64_t stopNs);
+/* One network message: started when posted, stopped (gcommProfStop) when complete. */
+void* gcommProfNetStart(gcommComm_t comm, int peer, int channel, uint64_t step, size_t bytes,
+                        int isSend);
+void gcommProfStop(gcommComm_t comm, void* handle);
 
 struct gcommComm {
   unsigned int magic;
@@ -178,10 +217,14 @@ struct gcommComm {
   gcommOp_t *groupHead, *groupTail;
   struct gcommComm* groupNext;
   int inGroup;
+  void* profGroup;   /* profiler: this communicator's Group event in the current group */
   void* groupStream; /* GPU communicators: the stream of the group's operations */
 
   pthread_mutex_t errorLock;
   char lastError[1024];
+
+  /* the profiler plugin (all zero without one) */
+  gcommProf_t prof;
 };
 
 /* ---- Shared-memory transport (transports/shm.c) ---- */

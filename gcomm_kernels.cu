@@ -555,6 +555,7 @@ template <int W>
 struct KArgs {
   gcommDevComm_t* comm;
   gcommDevComm_t hostCopy;
+  uint64_t* times; /* profiler: gcommDevLaunch_t.times */
   int nBlocks, nWorks;
   uint16_t first[W + 1];
   gcommDevWork_t works[W];
@@ -595,6 +596,8 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
   __syncthreads();
   for (int wi = a.first[blockIdx.x]; wi < a.first[blockIdx.x + 1]; wi++) {
     const gcommDevWork_t& w = a.works[wi];
+    /* ---- profiler: the work's start (its stop is below) ---- */
+    if (a.times != NULL && tid == 0) a.times[2 * wi] = globalTimer();
     const size_t esz = gcommTypeSize(w.datatype);
     const gcommSched_t sched = w.sched;
     const bool ll = w.proto == gcommProtoLL;
@@ -706,6 +709,11 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
       /* shIn/shOut are rewritten by thread 0 only after the next step's first barrier... which
        * every thread reaches only after reading them here: safe. */
     }
+    /* ---- profiler: the work's stop, after its start (the host reads stop != 0 as done) ---- */
+    if (a.times != NULL && tid == 0) {
+      __threadfence_system();
+      a.times[2 * wi + 1] = globalTimer();
+    }
   }
   if (cached) {
     __syncthreads();
@@ -723,6 +731,7 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
   KArgs<W> k;
   k.comm = src->comm;
   k.hostCopy = src->hostCopy;
+  k.times = src->times;
   k.nBlocks = src->nBlocks;
   k.nWorks = src->nWorks;
   for (int i = 0; i <= src->nBlocks; i++) k.first[i] = src->first[i];
@@ -737,4 +746,22 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
 extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
   if (args->nWorks <= GCOMM_DEV_SMALL_WORKS) return launch<GCOMM_DEV_SMALL_WORKS>(args, stream);
   return launch<GCOMM_DEV_MAX_WORKS>(args, stream);
+}
+
+/* ---- profiler: the offset between %globaltimer and the host's clock (gcommKernelTimerPing) ----
+ */
+__global__ void gcommTimerPingKernel(volatile uint64_t* flags) {
+  flags[0] = 1;
+  __threadfence_system();
+  uint64_t t0 = globalTimer();
+  while (flags[1] == 0 && globalTimer() - t0 < 1000000000ull) { /* the host answers in us */
+  }
+  flags[2] = globalTimer();
+  __threadfence_system();
+  flags[3] = 1;
+}
+
+extern "C" int gcommKernelTimerPing(volatile uint64_t* flags, void* stream) {
+  gcommTimerPingKernel<<<1, 1, 0, (cudaStream_t)stream>>>(flags);
+  return (int)cudaGetLastError();
 }

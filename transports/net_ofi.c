@@ -54,6 +54,7 @@ typedef struct {
   struct fi_context2 ctx; /* first: the completion's op_context points here */
   netConn_t* nc;
   uint64_t step;
+  void* prof; /* the profiler's Net event, or NULL */
 } netReq_t;
 
 struct netConn {
@@ -233,6 +234,11 @@ static gcommResult_t postConn(gcommComm_t comm, struct gcommNet* net, netConn_t*
       return GCOMM_ERROR(comm, gcommSystemError, nc->peer, "%s lane %d step %llu: %s",
                          nc->isSend ? "fi_tsend" : "fi_trecv", nc->lane, (unsigned long long)s,
                          fi_strerror((int)-rc));
+    req->prof = GCOMM_PROF_ON(comm, gcommProfileNet)
+                    ? gcommProfNetStart(comm, nc->peer, nc->lane, s,
+                                        nc->isSend ? (size_t)f->bytes[slot] : nc->conn->slotBytes,
+                                        nc->isSend)
+                    : NULL;
     nc->posted++;
     net->inflight++;
     *moved = 1;
@@ -287,6 +293,7 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
       if (!req->nc->isSend && ent[k].len > req->nc->conn->slotBytes)
         return GCOMM_ERROR(comm, gcommInternalError, req->nc->peer, "received %zu bytes > slot",
                            ent[k].len);
+      if (req->prof != NULL) gcommProfStop(comm, req->prof);
       completeReq(req, ent[k].len);
       net->inflight--;
     }

@@ -3,9 +3,10 @@
 # $NCCL_HOME has it), GPU correctness at 2 ranks on 2 GPUs, the benchmark beside NCCL, then 4 ranks
 # on 2 GPUs and 2 ranks on 1 GPU, then compute-sanitizer. Logs go to $OUT (or ./gpu-logs).
 # Usage (from the repository root): bash test/gpu/run.sh
-# STAGES picks parts (default: all of them): build test perf sweep large quick sanitizer host.
+# STAGES picks parts (default: all of them): build test perf sweep large quick profiler sanitizer
+# host.
 # One device call may run 10 minutes: split the stages over two calls when all do not fit.
-STAGES=${STAGES:-"build test perf sweep large quick sanitizer host"}
+STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 B=${BUILD:-build-gpu}
@@ -44,6 +45,14 @@ fi
 want large && step perf_2r_large 300 $RUN 2 $B/gcomm_perf --coll all -b 64M -e 4G -f 4 -n 10 -w 3 -c 0 --backend $PERFBACK
 want quick && step test_4r${NG}g 200 $RUN 4 $B/test/gpu/test_gpu --quick
 want quick && TEST_NGPUS=1 step test_2r1g 120 $RUN 2 $B/test/gpu/test_gpu --quick
+# the profiler on GPU communicators: kernel-channel events from device timestamps, merged and
+# checked (valid JSON, one track per rank, children inside their parents)
+if want profiler; then
+  GCOMM_PROFILER_PLUGIN=$PWD/$B/examples/libgcomm-profiler-trace.so GCOMM_PROFILER_TRACE=$PWD/$OUT/prof-%r.json \
+    step profiler 120 $RUN 2 -x GCOMM_PROFILER_PLUGIN -x GCOMM_PROFILER_TRACE $B/gcomm_perf --coll all -b 1K -e 4M -f 8 -n 3 -w 1
+  step profiler_check 60 python3 tools/gcomm_trace.py --check --ranks 2 -o $OUT/prof-merged.json $OUT/prof-0.json $OUT/prof-1.json
+  grep -o '"cat":"kernelch"[^}]*' $OUT/prof-merged.json | head -5 >> $OUT/profiler_check.log
+fi
 if want sanitizer && command -v compute-sanitizer >/dev/null; then
   step sanitizer 120 $RUN 2 compute-sanitizer --tool memcheck --print-limit 10 $B/test/gpu/test_gpu --quick
 fi
