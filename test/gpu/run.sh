@@ -8,7 +8,7 @@
 # One device call may run 10 minutes: split the stages over two calls when all do not fit.
 STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
-OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
+OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 B=${BUILD:-build-gpu}
 export GCOMM_TIMEOUT_MS=${GCOMM_TIMEOUT_MS:-30000}
 NG=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -48,7 +48,7 @@ want quick && TEST_NGPUS=1 step test_2r1g 120 $RUN 2 $B/test/gpu/test_gpu --quic
 # the profiler on GPU communicators: kernel-channel events from device timestamps, merged and
 # checked (valid JSON, one track per rank, children inside their parents)
 if want profiler; then
-  GCOMM_PROFILER_PLUGIN=$PWD/$B/examples/libgcomm-profiler-trace.so GCOMM_PROFILER_TRACE=$PWD/$OUT/prof-%r.json \
+  GCOMM_PROFILER_PLUGIN=$PWD/$B/examples/libgcomm-profiler-trace.so GCOMM_PROFILER_TRACE=$OUT/prof-%r.json \
     step profiler 120 $RUN 2 -x GCOMM_PROFILER_PLUGIN -x GCOMM_PROFILER_TRACE $B/gcomm_perf --coll all -b 1K -e 4M -f 8 -n 3 -w 1
   step profiler_check 60 python3 tools/gcomm_trace.py --check --ranks 2 -o $OUT/prof-merged.json $OUT/prof-0.json $OUT/prof-1.json
   grep -o '"cat":"kernelch"[^}]*' $OUT/prof-merged.json | head -5 >> $OUT/profiler_check.log
