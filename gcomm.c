@@ -1240,19 +1240,28 @@ static double predictGpuUs(int func, int algo, int proto, int n, double bytes, i
 }
 #endif
 
+/* The one-shot all-reduce sums in a different order on every rank: with more than two ranks,
+ * floating-point results could differ in their last bits between ranks. The cost model takes it
+ * for two ranks only (a + b == b + a exactly); GCOMM_ALGO=direct still forces it. */
+static int sameOnEveryRank(int func, int algo, int n) {
+  return !(func == gcommFuncAllReduce && algo == gcommAlgoDirect && n > 2);
+}
+
 static int chooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   if (comm->params.algo >= 0) return gcommSchedAlgo(func, comm->params.algo);
 #ifdef GCOMM_GPU
   /* GPUs (measured on 2 H200s, docs/PERF.md): the one-shot all-reduce (one hop) wins while each
    * rank's (n-1) copies stay small; elsewhere the ring. */
   if (comm->device >= 0) {
-    int small = func == gcommFuncAllReduce && bytes * (size_t)(comm->nranks - 1) <= (2u << 20);
+    int small = func == gcommFuncAllReduce && bytes * (size_t)(comm->nranks - 1) <= (2u << 20) &&
+                sameOnEveryRank(func, gcommAlgoDirect, comm->nranks);
     return gcommSchedAlgo(func, small ? gcommAlgoDirect : gcommAlgoRing);
   }
 #endif
   int best = gcommSchedAlgo(func, gcommAlgoRing);
   double bestUs = predictUs(func, best, comm->nranks, (double)bytes);
   for (int a = 0; a < gcommNumAlgos; a++) {
+    if (!sameOnEveryRank(func, a, comm->nranks)) continue;
     double us = predictUs(func, a, comm->nranks, (double)bytes);
     if (us >= 0 && us < bestUs) best = a, bestUs = us;
   }

@@ -602,6 +602,33 @@ static void runMpiComparison(gcommComm_t comm, const Variant* variant) {
 
 enum { SMALL = 1, PIPE = 2, LARGE = 4, REAL = 8, ROUND = 16, MPICMP = 32 };
 
+/* The cost model's all-reduce gives every rank the same bits (float sums in one order), at sizes
+ * where each algorithm is picked: real-valued random data, compared across ranks through MPI. */
+static void checkSameOnEveryRank(gcommComm_t comm) {
+  static const size_t counts[] = {1, 1031, 65537, 1 << 20};
+  for (int i = 0; i < N(counts); i++) {
+    size_t n = counts[i];
+    float* in = malloc(n * sizeof(float));
+    float* out = malloc(n * sizeof(float));
+    float* rank0 = malloc(n * sizeof(float));
+    for (size_t k = 0; k < n; k++)
+      in[k] = (float)((double)(tlHash3(tlSeed, tlRank, k) >> 11) * 0x1p-53 * 3.0 - 1.0);
+    memset(out, 0xff, n * sizeof(float));
+    gcommResult_t r = gcommAllReduce(in, out, n, gcommFloat32, gcommSum, comm, NULL);
+    if (r == gcommSuccess) r = gcommWait(comm, NULL);
+    if (r != gcommSuccess) tlFail("all-reduce: %s", gcommGetErrorString(r));
+    memcpy(rank0, out, n * sizeof(float));
+    MPI_Bcast(rank0, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    for (size_t k = 0; k < n && r == gcommSuccess; k++)
+      if (memcmp(&out[k], &rank0[k], sizeof(float)) != 0) {
+        tlFail("element %zu: %a here, %a on rank 0", k, out[k], rank0[k]);
+        break;
+      }
+    free(in), free(out), free(rank0);
+    tlReport("auto all-reduce float sum of %zu: the same bits on every rank", n);
+  }
+}
+
 int main(int argc, char** argv) {
   tlInit(&argc, &argv);
   static const TypeOp pipePairs[] = {
@@ -659,6 +686,7 @@ int main(int argc, char** argv) {
     for (int s = 0; s < N(sections); s++)
       if (variants[v].sections & (1u << s)) runSection(comm, &variants[v], &sections[s]);
     if (variants[v].sections & MPICMP) runMpiComparison(comm, &variants[v]);
+    if (variants[v].algo == 0 && variants[v].proxyMode < 0) checkSameOnEveryRank(comm);
     tlCommDestroy(comm);
     tlReport("destroy communicator %s", variants[v].name);
   }
