@@ -12,8 +12,10 @@
  *               GCOMM_STEPS LL slots of GCOMM_LL_SLOT_BYTES (zeroed at setup: no line carries a
  *               flag before it is written)
  *   send heads  [local receiver][lane]: 128 bytes, head at 0, written by the receiver
- *   steps       [2][lane * nranks + peer]: this rank's own step counters (send, then recv),
- *               persistent across launches like gcommConn_t.step
+ *   steps       [GCOMM_DEV_COUNTERS][lane * nranks + peer]: this rank's own counters, persistent
+ *               across launches like gcommConn_t.step: send steps, receive steps, and for each
+ *               send connection the receiver's head as last read (a sender that knows the slot
+ *               is free skips polling the head)
  * So each counter lives where its reader polls it: the receiver polls tail in its own memory,
  * the sender polls head in its own memory, and the remote side only stores.
  */
@@ -33,9 +35,9 @@ extern "C" {
 #define GCOMM_DEV_THREADS 512
 #define GCOMM_DEV_SMALL_WORKS 8 /* works a small launch carries in its parameters */
 #define GCOMM_DEV_MAX_WORKS 128 /* works one launch carries at most (a bigger group is split) */
-#define GCOMM_DEV_CACHE_RANKS                                        \
-  256 /* a block keeps its lane's connections in shared memory up to \
-       */
+/* a block keeps its lane's connections in shared memory up to this many ranks */
+#define GCOMM_DEV_CACHE_RANKS 256
+#define GCOMM_DEV_COUNTERS 3 /* per connection in `steps`: send, receive, known head */
 
 typedef struct {
   volatile uint64_t* tail;  /* recv: in this rank's memory; send: in the receiver's */
@@ -59,8 +61,7 @@ typedef struct {
   size_t slotBytes;
   gcommDevConn_t* send; /* device array [lane * nranks + peer] */
   gcommDevConn_t* recv;
-  uint64_t*
-      steps; /* the connections' step counters: send [i], then receive [nLanes * nranks + i] */
+  uint64_t* steps; /* [GCOMM_DEV_COUNTERS][nLanes * nranks]: send, receive steps; heads seen */
   volatile int* abortFlag; /* mapped host memory */
   gcommDevError_t* error;  /* mapped host memory */
   unsigned long long timeoutNs;

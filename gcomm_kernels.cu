@@ -498,9 +498,10 @@ static __device__ void dataStep(const StepIo& io, int datatype, int op, bool ll,
  * store to it can be performed before the load that decides it: relaxed is enough there. */
 template <bool ACQUIRE>
 static __device__ int waitFor(const gcommDevComm_t* comm, volatile uint64_t* p, uint64_t target,
-                              uint64_t* t0) {
+                              uint64_t* t0, uint64_t* seen = NULL) {
   unsigned spins = 0;
-  while ((ACQUIRE ? ldAcquire(p) : *p) < target) {
+  uint64_t v;
+  while ((v = ACQUIRE ? ldAcquire(p) : *p) < target) {
     if (++spins < 512) continue;
     spins = 0;
     if (*comm->abortFlag) return gcommAborted;
@@ -510,6 +511,7 @@ static __device__ int waitFor(const gcommDevComm_t* comm, volatile uint64_t* p, 
     else if (now - *t0 > comm->timeoutNs)
       return gcommTimeout;
   }
+  if (seen) *seen = v;
   return 0;
 }
 
@@ -568,10 +570,11 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
   __shared__ char* shOut[2];
   __shared__ uint32_t shFlagIn[2], shFlagOut[2];
   __shared__ volatile int shFail;
-  /* The block's lane's connections (send to p at [p], receive from p at [n + p]) with their step
-   * counters, in shared memory: a step then reads no global memory but the FIFO counters it polls.
-   * The counters this block moved go back to global memory when it ends (other blocks of a
-   * point-to-point lane own other peers' counters: those are left alone). */
+  /* The block's lane's connections (send to p at [p], receive from p at [n + p]) with their
+   * counters (gcomm_device.h: send step, receive step, known head), in shared memory: a step then
+   * reads no global memory but the FIFO counters it polls. The counters this block moved go back
+   * to global memory when it ends (other blocks of a point-to-point lane own other peers'
+   * counters: those are left alone). */
   extern __shared__ char shCache[];
   const int tid = threadIdx.x;
   const gcommDevComm_t& comm = a.hostCopy; /* kernel parameters: no global load */
@@ -581,17 +584,21 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
   const bool cached = n <= GCOMM_DEV_CACHE_RANKS;
   gcommDevConn_t* sendC = comm.send + lane0 * n;
   gcommDevConn_t* recvC = comm.recv + lane0 * n;
+  uint64_t* knownHead = NULL; /* [peer], cached blocks only */
+  constexpr int NC = GCOMM_DEV_COUNTERS;
   if (cached) {
     gcommDevConn_t* conns = (gcommDevConn_t*)shCache;
-    uint64_t* steps = (uint64_t*)(conns + 2 * n); /* [2n] counters, then [2n] their start */
+    uint64_t* vals = (uint64_t*)(conns + 2 * n); /* [NC n] counters, then [NC n] their start */
     const size_t nc = (size_t)comm.nLanes * n;
-    for (int i = tid; i < 2 * n; i += blockDim.x) { /* independent loads: one memory round trip */
+    for (int i = tid; i < NC * n; i += blockDim.x) /* independent loads: one round trip */
+      vals[i] = vals[NC * n + i] = comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n];
+    for (int i = tid; i < 2 * n; i += blockDim.x) {
       conns[i] = i < n ? sendC[i] : recvC[i - n];
-      steps[i] = steps[2 * n + i] = comm.steps[(i < n ? 0 : nc) + (size_t)lane0 * n + i % n];
-      conns[i].step = steps + i;
+      conns[i].step = vals + i;
     }
     sendC = conns;
     recvC = conns + n;
+    knownHead = vals + 2 * n;
   }
   __syncthreads();
   for (int wi = a.first[blockIdx.x]; wi < a.first[blockIdx.x + 1]; wi++) {
@@ -641,8 +648,9 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
           if (p >= 0) {
             const gcommDevConn_t& c = sendC[p];
             uint64_t step = *c.step;
-            if (step >= GCOMM_STEPS)
-              err = waitFor<false>(&comm, c.head, step + 1 - GCOMM_STEPS, &t0);
+            uint64_t need = step + 1 - GCOMM_STEPS;
+            if (step >= GCOMM_STEPS && !(knownHead && knownHead[p] >= need))
+              err = waitFor<false>(&comm, c.head, need, &t0, knownHead ? &knownHead[p] : NULL);
             if (err) {
               recordError(a.comm, &comm, err, p, w.lane, 0, sched.func, s, 0, 0);
               break;
@@ -718,11 +726,11 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
   if (cached) {
     __syncthreads();
     const gcommDevConn_t* conns = (const gcommDevConn_t*)shCache;
-    const uint64_t* steps = (const uint64_t*)(conns + 2 * n);
+    const uint64_t* vals = (const uint64_t*)(conns + 2 * n);
     const size_t nc = (size_t)comm.nLanes * n;
-    for (int i = tid; i < 2 * n; i += blockDim.x)
-      if (steps[i] != steps[2 * n + i])
-        comm.steps[(i < n ? 0 : nc) + (size_t)lane0 * n + i % n] = steps[i];
+    for (int i = tid; i < NC * n; i += blockDim.x)
+      if (vals[i] != vals[NC * n + i])
+        comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n] = vals[i];
   }
 }
 
@@ -737,8 +745,9 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
   for (int i = 0; i <= src->nBlocks; i++) k.first[i] = src->first[i];
   for (int i = 0; i < src->nWorks; i++) k.works[i] = src->works[i];
   size_t n = (size_t)src->hostCopy.nranks;
-  size_t cache =
-      n <= GCOMM_DEV_CACHE_RANKS ? 2 * n * (sizeof(gcommDevConn_t) + 2 * sizeof(uint64_t)) : 0;
+  size_t cache = n <= GCOMM_DEV_CACHE_RANKS ? 2 * n * sizeof(gcommDevConn_t) +
+                                                  2 * GCOMM_DEV_COUNTERS * n * sizeof(uint64_t)
+                                            : 0;
   gcommKernel<W><<<src->nBlocks, GCOMM_DEV_THREADS, cache, (cudaStream_t)stream>>>(k);
   return (int)cudaGetLastError();
 }

@@ -87,7 +87,7 @@ gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card) {
       ~(size_t)255;
   d->headOff = d->fifoBytes * nLocal * nLanes;
   d->stepOff = d->headOff + GCOMM_DEV_HEAD_BYTES * nLocal * nLanes;
-  d->regionBytes = d->stepOff + 2 * sizeof(uint64_t) * nLanes * comm->nranks;
+  d->regionBytes = d->stepOff + GCOMM_DEV_COUNTERS * sizeof(uint64_t) * nLanes * comm->nranks;
   CUDA_CHECK(comm, -1, gcommGpuMallocFifo((void**)&d->region, d->regionBytes));
   /* counters start at 0, and LL slots must hold no stale flag */
   CUDA_CHECK(comm, -1, cudaMemset(d->region, 0, d->regionBytes));
