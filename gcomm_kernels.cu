@@ -447,9 +447,10 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
               break;
             }
             uint64_t got = c.bytes[step % GCOMM_STEPS];
-            if (got != bytes) {
+            if (got != GCOMM_SLOT_WORD(w.tag, bytes)) { /* a different call (or count) */
               err = gcommInvalidUsage;
-              recordError(a.comm, &comm, err, p, w.lane, 1, sched.func, s, got, bytes);
+              recordError(a.comm, &comm, err, p, w.lane, 1, sched.func, s, got,
+                          GCOMM_SLOT_WORD(w.tag, bytes));
               break;
             }
             shIn[k] = c.slots + (step % GCOMM_STEPS) * comm.slotBytes;
@@ -495,7 +496,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
           if (st.sendPeer[k] >= 0) {
             gcommDevConn_t c = comm.send[w.lane * n + st.sendPeer[k]];
             uint64_t step = *c.step;
-            c.bytes[step % GCOMM_STEPS] = bytes;
+            c.bytes[step % GCOMM_STEPS] = GCOMM_SLOT_WORD(w.tag, bytes);
             stRelease(c.tail, step + 1);
             *c.step = step + 1;
           }
