@@ -481,7 +481,8 @@ void gcommDescribeMismatch(char* buf, size_t len, uint64_t got, uint64_t expecte
              TAG_FIELD(g, 18, 6), TAG_FIELD(e, 18, 6));
   else if (gt != TAG_FIELD(e, 4, 4))
     snprintf(buf, len, "its datatype is %s where this rank's is %s",
-             gt < gcommNumTypes ? typeNames[gt] : "?", typeNames[TAG_FIELD(e, 4, 4) % gcommNumTypes]);
+             gt < gcommNumTypes ? typeNames[gt] : "?",
+             typeNames[TAG_FIELD(e, 4, 4) % gcommNumTypes]);
   else if (go != TAG_FIELD(e, 8, 3))
     snprintf(buf, len, "its op is %s where this rank's is %s", go < gcommNumOps ? opNames[go] : "?",
              opNames[TAG_FIELD(e, 8, 3) % gcommNumOps]);
@@ -581,9 +582,9 @@ static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, ui
            funcNames[op->func], (unsigned long long)op->seq, w->lane, w->step, w->nSteps,
            (unsigned long long)waitedMs, w->waitRecv ? "receive from" : "send to", w->waitPeer);
   if (deathOnly)
-    return peerIsDead(comm, q) ? gcommSetError(comm, gcommRemoteError, q, "progress",
-                                               "%s: rank %d has died", at, q)
-                               : gcommSuccess;
+    return peerIsDead(comm, q)
+               ? gcommSetError(comm, gcommRemoteError, q, "progress", "%s: rank %d has died", at, q)
+               : gcommSuccess;
   gcommStatus_t* st = gcommShmStatus(comm, q);
   if (st == NULL) return gcommSuccess;
   int code = __atomic_load_n(&st->code, __ATOMIC_ACQUIRE);
@@ -591,8 +592,8 @@ static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, ui
     char msg[sizeof(st->msg)];
     memcpy(msg, st->msg, sizeof(msg));
     msg[sizeof(msg) - 1] = 0;
-    return gcommSetError(comm, code == gcommInvalidUsage ? gcommInvalidUsage : gcommRemoteError,
-                         q, "progress", "%s: rank %d stopped: %s", at, q, msg);
+    return gcommSetError(comm, code == gcommInvalidUsage ? gcommInvalidUsage : gcommRemoteError, q,
+                         "progress", "%s: rank %d stopped: %s", at, q, msg);
   }
   int isColl = op->func != gcommFuncSend && op->func != gcommFuncRecv;
   if (q == w->waitPeer && isColl && op->tag != 0 && w->lane < GCOMM_STATUS_LANES) {
@@ -765,15 +766,15 @@ static void setAsyncError(gcommComm_t comm, gcommResult_t res) {
 static void dumpState(gcommComm_t comm, const char* why) {
   char line[1024];
   pthread_once(&logOnce, logInit);
-  snprintf(line, sizeof(line),
-           "rank %d/%d comm \"%s\" pid %d (%s): %llu collectives called, %llu ops posted, %llu "
-           "done, %ld works active, async error: %s",
-           comm->rank, comm->nranks, comm->name, (int)getpid(), why,
-           (unsigned long long)__atomic_load_n(&comm->collSeq, __ATOMIC_RELAXED),
-           (unsigned long long)__atomic_load_n(&comm->opsPosted, __ATOMIC_RELAXED),
-           (unsigned long long)__atomic_load_n(&comm->opsDone, __ATOMIC_RELAXED),
-           comm->nActiveWorks,
-           gcommGetErrorString((gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_RELAXED)));
+  snprintf(
+      line, sizeof(line),
+      "rank %d/%d comm \"%s\" pid %d (%s): %llu collectives called, %llu ops posted, %llu "
+      "done, %ld works active, async error: %s",
+      comm->rank, comm->nranks, comm->name, (int)getpid(), why,
+      (unsigned long long)__atomic_load_n(&comm->collSeq, __ATOMIC_RELAXED),
+      (unsigned long long)__atomic_load_n(&comm->opsPosted, __ATOMIC_RELAXED),
+      (unsigned long long)__atomic_load_n(&comm->opsDone, __ATOMIC_RELAXED), comm->nActiveWorks,
+      gcommGetErrorString((gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_RELAXED)));
   logWrite(GCOMM_LOG_WARN, comm, "dump", line);
   for (int q = 0; q < comm->nQueues; q++) {
     gcommWork_t* w = comm->queues[q].head;
@@ -788,9 +789,10 @@ static void dumpState(gcommComm_t comm, const char* why) {
     else
       len += snprintf(line + len, sizeof(line) - len, " seq %llu root %d",
                       (unsigned long long)op->seq, op->root);
-    len += snprintf(line + len, sizeof(line) - len, " count %zu %s %s algo %s channel %d step %ld/%ld",
-                    op->count, typeNames[op->datatype], opNames[op->redop], algoNames[op->algo],
-                    w->lane, w->step, w->nSteps);
+    len +=
+        snprintf(line + len, sizeof(line) - len, " count %zu %s %s algo %s channel %d step %ld/%ld",
+                 op->count, typeNames[op->datatype], opNames[op->redop], algoNames[op->algo],
+                 w->lane, w->step, w->nSteps);
     if (w->waitSinceNs) {
       gcommConn_t* c =
           w->waitRecv ? recvConn(comm, w->lane, w->waitPeer) : sendConn(comm, w->lane, w->waitPeer);

@@ -55,16 +55,16 @@ int gcommLocalIndex(gcommComm_t comm, int rank);
 
 /* ---- Parameters: one table in gcomm.c, read at communicator init ---- */
 typedef struct {
-  int algo;            /* GCOMM_ALGO: -1 = cost model, else gcommAlgo_t */
-  int nChannels;       /* GCOMM_NCHANNELS */
-  int64_t buffSize;    /* GCOMM_BUFFSIZE: bytes of one connection FIFO */
-  int proxyMode;       /* GCOMM_PROXY_MODE */
-  int64_t appendFreq;  /* GCOMM_PROGRESS_APPENDOP_FREQ */
-  int64_t appendBatch; /* GCOMM_PROXY_APPEND_BATCH_SIZE */
-  int64_t dumpSignal;  /* GCOMM_PROXY_DUMP_SIGNAL */
-  int64_t timeoutMs;   /* GCOMM_TIMEOUT_MS */
+  int algo;              /* GCOMM_ALGO: -1 = cost model, else gcommAlgo_t */
+  int nChannels;         /* GCOMM_NCHANNELS */
+  int64_t buffSize;      /* GCOMM_BUFFSIZE: bytes of one connection FIFO */
+  int proxyMode;         /* GCOMM_PROXY_MODE */
+  int64_t appendFreq;    /* GCOMM_PROGRESS_APPENDOP_FREQ */
+  int64_t appendBatch;   /* GCOMM_PROXY_APPEND_BATCH_SIZE */
+  int64_t dumpSignal;    /* GCOMM_PROXY_DUMP_SIGNAL */
+  int64_t timeoutMs;     /* GCOMM_TIMEOUT_MS */
   int64_t checkMismatch; /* GCOMM_CHECK_MISMATCH */
-  const char* hostId;  /* GCOMM_HOSTID, or NULL */
+  const char* hostId;    /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
   int64_t netDisable;      /* GCOMM_NET_DISABLE */
   const char* ofiProvider; /* GCOMM_OFI_PROVIDER, or NULL */

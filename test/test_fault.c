@@ -115,9 +115,10 @@ static void testMismatch(int kind) {
   if (kind == MM_OFF || n == 1)
     tlReport("mismatch %s: goes through unchecked", cases[kind].what);
   else
-    tlReport("mismatch %s: gcommInvalidUsage naming it (\"%s\") and rank %d, all ranks back in "
-             "%.0f ms",
-             cases[kind].what, cases[kind].word, kind == MM_P2P ? 0 : odd, maxMs);
+    tlReport(
+        "mismatch %s: gcommInvalidUsage naming it (\"%s\") and rank %d, all ranks back in "
+        "%.0f ms",
+        cases[kind].what, cases[kind].word, kind == MM_P2P ? 0 : odd, maxMs);
   free(in);
   free(out);
   tlBarrier(MPI_COMM_WORLD);
@@ -165,18 +166,19 @@ static void testAsync(void) {
     if (async != gcommTimeout)
       tlFail("gcommCommGetAsyncError gave %s after %.0f ms", gcommGetErrorString(async), ms);
     else if (coll != async || send != async || wait != async)
-      tlFail("after the error: AllReduce %s, Send %s, Wait %s (want %s)",
-             gcommGetErrorString(coll), gcommGetErrorString(send), gcommGetErrorString(wait),
-             gcommGetErrorString(async));
+      tlFail("after the error: AllReduce %s, Send %s, Wait %s (want %s)", gcommGetErrorString(coll),
+             gcommGetErrorString(send), gcommGetErrorString(wait), gcommGetErrorString(async));
     else if (!namesRank(gcommGetLastError(comm), peer))
       tlFail("the error does not name rank %d: %s", peer, gcommGetLastError(comm));
     else
-      printf("# async: gcommCommGetAsyncError saw gcommTimeout %.0f ms after the receive was posted "
-             "(GCOMM_TIMEOUT_MS=300)\n",
-             ms);
+      printf(
+          "# async: gcommCommGetAsyncError saw gcommTimeout %.0f ms after the receive was posted "
+          "(GCOMM_TIMEOUT_MS=300)\n",
+          ms);
   }
-  tlReport("async: gcommCommGetAsyncError reports the engine's timeout without a wait; later "
-           "calls return it");
+  tlReport(
+      "async: gcommCommGetAsyncError reports the engine's timeout without a wait; later "
+      "calls return it");
   tlBarrier(MPI_COMM_WORLD);
   gcommResult_t d = gcommCommDestroy(comm);
   if (d != gcommSuccess && d != gcommTimeout)
