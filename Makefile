@@ -4,6 +4,7 @@
 #               make OFI=1      + libfabric transport between nodes
 #               make SAN=1      AddressSanitizer + UndefinedBehaviorSanitizer
 #               make test       the test suite (test/run.sh)       make run   the main benchmark
+#               make test-fault kills, hang diagnosis, soak (test/test_fault.sh)
 MPICC   ?= mpicc
 MPIEXEC ?= mpiexec
 BUILD   ?= build
@@ -94,6 +95,10 @@ test: all
 test-net: all
 	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/test_net.sh
 
+# failures one job cannot show: kills over shm, hang diagnosis, the soak (test/test_fault.sh)
+test-fault: all
+	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/test_fault.sh
+
 run: $(BUILD)/gcomm_perf
 	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
 
@@ -103,7 +108,7 @@ format:
 clean:
 	rm -rf $(BUILD)
 
-.PHONY: all test test-net run format clean
+.PHONY: all test test-net test-fault run format clean
 .PRECIOUS: $(BUILD)/obj/%.o
 
 # GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1 NCCL_HOME=...]

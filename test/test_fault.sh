@@ -66,7 +66,7 @@ for cfg in $KILLS; do
   for ((r = 0; r < n; r++)); do
     [ "$r" = 1 ] && continue
     if [ -s "$dir/rank$r" ]; then
-      sed "s/^\(PASS\|FAIL\) netkill:/\1 kill shm $cfg:/" "$dir/rank$r" | cut -c1-400
+      sed -E "s#^(PASS|FAIL) netkill:#\1 kill shm $cfg:#" "$dir/rank$r" | cut -c1-400
       if grep -q '^PASS' "$dir/rank$r"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
     else
       fail "kill $cfg: survivor rank $r reported nothing (crashed or hung?)"
