@@ -5,6 +5,7 @@
 #               make SAN=1      AddressSanitizer + UndefinedBehaviorSanitizer
 #               make test       the test suite (test/run.sh)       make run   the main benchmark
 #               make test-fault kills, hang diagnosis, soak (test/test_fault.sh)
+#               make fuzz       libFuzzer over argument checks and GCOMM_* parsing (clang)
 MPICC   ?= mpicc
 MPIEXEC ?= mpiexec
 BUILD   ?= build
@@ -99,16 +100,27 @@ test-net: all
 test-fault: all
 	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/test_fault.sh
 
+# libFuzzer (clang) over argument checks and GCOMM_* parsing: FUZZ_SECONDS of inputs, no finding
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+$(BUILD)/fuzz/fuzz_gcomm: test/fuzz/fuzz_gcomm.c gcomm.c transports/shm.c $(LIB_HDR)
+	@mkdir -p $(dir $@)
+	MPICH_CC=$(FUZZ_CC) OMPI_CC=$(FUZZ_CC) $(MPICC) -std=gnu11 -O1 -g -Wall -Wextra -Werror \
+	  -pthread -I. $(MPI_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  -o $@ test/fuzz/fuzz_gcomm.c transports/shm.c -lrt -ldl -lm $(MPI_LIBS)
+fuzz: $(BUILD)/fuzz/fuzz_gcomm
+	bash test/fuzz/run.sh $< $(FUZZ_SECONDS)
+
 run: $(BUILD)/gcomm_perf
 	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
 
 format:
-	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c examples/*.c test/*.c test/*.h test/gpu/*.c
+	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c examples/*.c test/*.c test/*.h test/gpu/*.c test/fuzz/*.c
 
 clean:
 	rm -rf $(BUILD)
 
-.PHONY: all test test-net test-fault run format clean
+.PHONY: all test test-net test-fault fuzz run format clean
 .PRECIOUS: $(BUILD)/obj/%.o
 
 # GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1 NCCL_HOME=...]

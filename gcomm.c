@@ -124,6 +124,9 @@ static int paramSet(gcommParams_t* p, const gcommParamDef_t* d, const char* text
         *(int64_t*)field = v;
       return 0;
     case PARAM_ENUM:
+      /* empty is the default (found by the fuzzer: GCOMM_PROXY_MODE="" gave neither mode); only
+       * GCOMM_ALGO's default is empty: -1, nothing forced */
+      if (text[0] == 0) text = d->defaultValue;
       v = text[0] == 0 ? -1 : parseEnum(text, d->choices);
       if (text[0] != 0 && v < 0) return -1;
       *(int*)field = (int)v;
@@ -179,35 +182,45 @@ static __thread char threadLastError[1024];
 static const char* const subsysNames[] = {"INIT", "COLL",   "P2P", "PROXY", "NET",
                                           "SHM",  "TUNING", "ENV", NULL};
 
+static const char* const logLevels[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
+
+/* GCOMM_DEBUG_SUBSYS: a mask of subsystems. */
+static int parseSubsys(const char* subsys) {
+  char buf[256];
+  int exclude = subsys[0] == '^', mask = 0;
+  snprintf(buf, sizeof(buf), "%s", subsys + exclude);
+  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    int i = parseEnum(tok, subsysNames);
+    mask |= i >= 0 ? 1 << i : strcasecmp(tok, "ALL") == 0 ? GCOMM_SUBSYS_ALL : 0;
+  }
+  return exclude ? (GCOMM_SUBSYS_ALL & ~mask) : mask;
+}
+
+/* GCOMM_DEBUG_FILE: %h becomes the host name, %p the pid; truncated to size - 1 bytes. */
+static void expandPath(const char* pattern, char* path, size_t size) {
+  size_t n = 0;
+  for (const char* c = pattern; *c && n + 1 < size; c++) {
+    if (c[0] == '%' && c[1] == 'h')
+      n += snprintf(path + n, size - n, "%s", hostName), c++;
+    else if (c[0] == '%' && c[1] == 'p')
+      n += snprintf(path + n, size - n, "%d", (int)getpid()), c++;
+    else
+      path[n++] = *c;
+    if (n >= size) n = size - 1; /* snprintf truncated */
+  }
+  path[n] = 0;
+}
+
 static void logInit(void) {
   gethostname(hostName, sizeof(hostName) - 1);
   const char* level = getenv("GCOMM_DEBUG");
-  static const char* const levels[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
-  if (level != NULL && parseEnum(level, levels) >= 0) logLevel = parseEnum(level, levels);
+  if (level != NULL && parseEnum(level, logLevels) >= 0) logLevel = parseEnum(level, logLevels);
   const char* subsys = getenv("GCOMM_DEBUG_SUBSYS");
-  if (subsys != NULL) {
-    char buf[256];
-    int exclude = subsys[0] == '^', mask = 0;
-    snprintf(buf, sizeof(buf), "%s", subsys + exclude);
-    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-      int i = parseEnum(tok, subsysNames);
-      mask |= i >= 0 ? 1 << i : strcasecmp(tok, "ALL") == 0 ? GCOMM_SUBSYS_ALL : 0;
-    }
-    logSubsys = exclude ? (GCOMM_SUBSYS_ALL & ~mask) : mask;
-  }
+  if (subsys != NULL) logSubsys = parseSubsys(subsys);
   const char* file = getenv("GCOMM_DEBUG_FILE");
   if (file != NULL && file[0] != 0) {
     char path[PATH_MAX];
-    size_t n = 0;
-    for (const char* c = file; *c && n < sizeof(path) - 32; c++) {
-      if (c[0] == '%' && c[1] == 'h')
-        n += snprintf(path + n, sizeof(path) - n, "%s", hostName), c++;
-      else if (c[0] == '%' && c[1] == 'p')
-        n += snprintf(path + n, sizeof(path) - n, "%d", (int)getpid()), c++;
-      else
-        path[n++] = *c;
-    }
-    path[n] = 0;
+    expandPath(file, path, sizeof(path));
     logFile = fopen(path, "a");
   }
   if (logFile == NULL) logFile = stderr;
