@@ -3,6 +3,7 @@
 #               make HIP=1      + HIP kernels (hipcc)
 #               make OFI=1      + libfabric transport between nodes
 #               make SAN=1      AddressSanitizer + UndefinedBehaviorSanitizer
+#               make SAN=thread ThreadSanitizer
 #               make test       the test suite (test/run.sh)       make run   the main benchmark
 #               make test-fault kills, hang diagnosis, soak (test/test_fault.sh)
 #               make fuzz       libFuzzer over argument checks and GCOMM_* parsing (clang)
@@ -16,6 +17,11 @@ LDLIBS  += -pthread -lrt -ldl -lm $(MPI_LIBS)  # MPI_CFLAGS/MPI_LIBS: for MPICC=
 ifeq ($(SAN),1)
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
+endif
+
+ifeq ($(SAN),thread) # ThreadSanitizer (CI: the threaded progress mode, test/tsan.supp)
+CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=thread
 endif
 
 LIB_SRC  = gcomm.c transports/shm.c

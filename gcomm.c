@@ -720,12 +720,14 @@ static void workFinished(gcommComm_t comm, gcommWork_t* w) {
 
 /* Moves up to max posted operations into the queues. */
 static void fetchPosted(gcommComm_t comm, long max) {
-  if (comm->postedHead == NULL) return; /* racy peek; the next pass sees what it missed */
+  /* a peek without the lock (atomic: posters write it under the lock); the next pass sees what
+   * it missed */
+  if (__atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE) == NULL) return;
   pthread_mutex_lock(&comm->postLock);
   for (long k = 0; k < max && comm->postedHead != NULL; k++) {
     gcommOp_t* op = comm->postedHead;
-    comm->postedHead = op->next;
-    if (comm->postedHead == NULL) comm->postedTail = NULL;
+    __atomic_store_n(&comm->postedHead, op->next, __ATOMIC_RELEASE);
+    if (op->next == NULL) comm->postedTail = NULL;
     for (int i = 0; i < op->nWorks; i++) {
       gcommWork_t* w = &op->works[i];
       gcommQueue_t* q = &comm->queues[w->queue];
@@ -831,7 +833,7 @@ static int progressPass(gcommComm_t comm) {
   }
   if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) ||
       __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess) {
-    if (comm->nActiveWorks > 0 || comm->postedHead != NULL) moved = 1;
+    if (comm->nActiveWorks > 0 || __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE)) moved = 1;
     drainAll(comm);
     return moved;
   }
@@ -916,12 +918,14 @@ static void* progressThread(void* arg) {
 }
 
 static gcommResult_t startThreadOnce(gcommComm_t comm) {
-  if (comm->params.proxyMode != GCOMM_PROXY_THREAD || comm->threadStarted) return gcommSuccess;
+  if (comm->params.proxyMode != GCOMM_PROXY_THREAD ||
+      __atomic_load_n(&comm->threadStarted, __ATOMIC_ACQUIRE)) /* posters may race: see below */
+    return gcommSuccess;
   pthread_mutex_lock(&comm->postLock);
   int err = 0;
   if (!comm->threadStarted) {
     err = pthread_create(&comm->thread, NULL, progressThread, comm);
-    if (err == 0) comm->threadStarted = 1;
+    if (err == 0) __atomic_store_n(&comm->threadStarted, 1, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&comm->postLock);
   if (err != 0)
@@ -938,7 +942,7 @@ static gcommResult_t postOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail,
   if (comm->postedTail)
     comm->postedTail->next = head;
   else
-    comm->postedHead = head;
+    __atomic_store_n(&comm->postedHead, head, __ATOMIC_RELEASE);
   comm->postedTail = tail;
   pthread_cond_signal(&comm->postCond);
   pthread_mutex_unlock(&comm->postLock);
@@ -1809,7 +1813,8 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
     if (gcommNowNs() > deadline)
       return GCOMM_ERROR(
           comm, gcommTimeout, -1, "%llu operations still outstanding after GCOMM_TIMEOUT_MS=%lld",
-          (unsigned long long)(target - comm->opsDone), (long long)comm->params.timeoutMs);
+          (unsigned long long)(target - __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE)),
+          (long long)comm->params.timeoutMs);
     if (poll) {
       pthread_mutex_lock(&comm->progressLock);
       int moved = progressPass(comm);
