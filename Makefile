@@ -134,6 +134,6 @@ ifeq ($(CUDA),1)
 $(BUILD)/test/gpu/%: test/gpu/%.c $(BUILD)/libgcomm.a gcomm.h
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
-gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/gcomm_perf
+gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/gcomm_perf
 .PHONY: gpu-test
 endif
