@@ -756,22 +756,26 @@ static void drainAll(gcommComm_t comm) {
   }
 }
 
-/* Records the error that stops the communicator (the first one wins) and tells the ranks of this
- * node (gcommStatus_t), so that those blocked on this rank stop too, naming it and why. */
-static void setAsyncError(gcommComm_t comm, gcommResult_t res) {
-  int expected = gcommSuccess;
-  if (!__atomic_compare_exchange_n(&comm->asyncError, &expected, (int)res, 0, __ATOMIC_ACQ_REL,
-                                   __ATOMIC_ACQUIRE))
-    return;
+/* Tells the ranks of this node that this rank's communicator stopped, and why (gcommStatus_t),
+ * so that those blocked on it stop too, naming it. The first word stays. */
+static void publishStop(gcommComm_t comm, gcommResult_t res, const char* why) {
   gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
-  if (st == NULL) return;
+  if (st == NULL || __atomic_load_n(&st->code, __ATOMIC_ACQUIRE) != 0) return;
   pthread_mutex_lock(&comm->errorLock);
-  const char* msg = res == gcommAborted ? "gcommCommAbort was called there" : comm->lastError;
+  const char* msg = why ? why : comm->lastError;
   size_t len = strnlen(msg, sizeof(st->msg) - 1);
   memcpy(st->msg, msg, len);
   st->msg[len] = 0;
   pthread_mutex_unlock(&comm->errorLock);
   __atomic_store_n(&st->code, (int)res, __ATOMIC_RELEASE);
+}
+
+/* Records the error that stops the communicator (the first one wins) and publishes it. */
+static void setAsyncError(gcommComm_t comm, gcommResult_t res) {
+  int expected = gcommSuccess;
+  if (__atomic_compare_exchange_n(&comm->asyncError, &expected, (int)res, 0, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_ACQUIRE))
+    publishStop(comm, res, res == gcommAborted ? "gcommCommAbort was called there" : NULL);
 }
 
 /* Every queue's head operation, its step and the peer it waits on, for hang diagnosis
@@ -1277,6 +1281,8 @@ gcommResult_t gcommCommDestroy(gcommComm_t comm) {
 #endif
       if (__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
     res = gcommWait(comm, NULL); /* outstanding work finishes first */
+  /* a rank still blocked on this one now called something this one never will */
+  publishStop(comm, gcommRemoteError, "gcommCommDestroy was called there");
   commFree(comm);
   return res == gcommAborted ? gcommSuccess : res;
 }

@@ -10,6 +10,8 @@
  *           and the odd rank. Where every rank receives, every rank gets gcommInvalidUsage.
  *           GCOMM_CHECK_MISMATCH=0 turns it off (float32 against int32 then goes through), and
  *           ranks that disagree on GCOMM_CHECK_MISMATCH fail at init.
+ * destroyed rank 0 calls one collective more while the others destroy the communicator: rank 0
+ *           fails with gcommRemoteError naming one of them within seconds, not at the deadline.
  * async     a receive that is never matched, GCOMM_TIMEOUT_MS=300, nobody waits:
  *           gcommCommGetAsyncError reports gcommTimeout by itself; then a collective, a send and
  *           gcommWait all return that error instead of carrying on; destroy works.
@@ -144,6 +146,34 @@ static void testCheckDisagree(void) {
   tlReport("mismatch: ranks that disagree on GCOMM_CHECK_MISMATCH fail at init");
 }
 
+/* Rank 0 calls one collective more; the others destroy the communicator: rank 0 learns it from
+ * their status pages instead of waiting for the deadline (60 s). */
+static void testDestroyed(void) {
+  if (tlNranks == 1) return;
+  gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, "", -1);
+  if (!tlReport("destroyed peer: init")) return;
+  static float buf[COUNT];
+  if (tlRank == 0) {
+    double t0 = tlNow();
+    gcommResult_t res = gcommAllReduce(buf, buf, COUNT, gcommFloat32, gcommSum, comm, NULL);
+    if (res == gcommSuccess) res = gcommWait(comm, NULL);
+    double ms = (tlNow() - t0) * 1e3;
+    const char* msg = gcommGetLastError(comm);
+    if (res != gcommRemoteError || !strstr(msg, "gcommCommDestroy was called there"))
+      tlFail("gcommWait returned %s: %s", gcommGetErrorString(res), msg);
+    else if (ms > 20000)
+      tlFail("took %.0f ms", ms);
+    else
+      printf("# destroyed peer: rank 0 got gcommRemoteError after %.0f ms: %s\n", ms, msg);
+  }
+  gcommResult_t d = gcommCommDestroy(comm);
+  if (d != gcommSuccess && d != gcommRemoteError)
+    tlFail("gcommCommDestroy returned %s", gcommGetErrorString(d));
+  tlReport(
+      "destroyed peer: a rank blocked on ranks that destroyed the communicator fails naming "
+      "one");
+}
+
 /* An error raised in the progress engine while nobody waits. */
 static void testAsync(void) {
   gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, "GCOMM_TIMEOUT_MS=300", GCOMM_PROXY_THREAD);
@@ -213,6 +243,7 @@ int main(int argc, char** argv) {
   }
   for (int k = 0; k < NMM; k++) testMismatch(k);
   testCheckDisagree();
+  testDestroyed();
   testAsync();
   return tlFinish("test_fault");
 }
