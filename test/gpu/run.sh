@@ -25,6 +25,7 @@ step() { # name timeout command...
 }
 step build 300 make -j"$(nproc)" CUDA=1 CUDA_ARCH=90 BUILD=$B MPICC="$MPICC" "${EXTRA[@]}" $NCCLARG gpu-test || exit 1
 step test_2r${NG}g 150 $RUN 2 $B/test/gpu/test_gpu
+step fault_2r 120 $RUN 2 $B/test/gpu/test_gpu_fault   # abort, kernel mismatch, async error
 # the benchmark: gcomm and NCCL through the same harness, one table each, every collective
 PERFBACK=gcomm; [ -n "$NCCLARG" ] && PERFBACK=gcomm,nccl
 step perf_2r 240 $RUN 2 $B/gcomm_perf --coll all -b 8 -e 1G -f 8 -n 20 -w 5 --backend $PERFBACK
