@@ -3,8 +3,11 @@
 #               make HIP=1      + HIP kernels (hipcc)
 #               make OFI=1      + libfabric transport between nodes
 #               make SAN=1      AddressSanitizer + UndefinedBehaviorSanitizer
+#               make SAN=thread ThreadSanitizer
 #               make test       the test suite (test/run.sh)       make run   the main benchmark
 #               make test-profiler   the example profiler plugin's trace of 4 ranks, checked
+#               make test-fault kills, hang diagnosis, soak (test/test_fault.sh)
+#               make fuzz       libFuzzer over argument checks and GCOMM_* parsing (clang)
 MPICC   ?= mpicc
 MPIEXEC ?= mpiexec
 BUILD   ?= build
@@ -15,6 +18,11 @@ LDLIBS  += -pthread -lrt -ldl -lm $(MPI_LIBS)  # MPI_CFLAGS/MPI_LIBS: for MPICC=
 ifeq ($(SAN),1)
 CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
+endif
+
+ifeq ($(SAN),thread) # ThreadSanitizer (CI: the threaded progress mode, test/tsan.supp)
+CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=thread
 endif
 
 LIB_SRC  = gcomm.c transports/shm.c
@@ -109,16 +117,31 @@ test-profiler: all
 test-net: all
 	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/test_net.sh
 
+# failures one job cannot show: kills over shm, hang diagnosis, the soak (test/test_fault.sh)
+test-fault: all
+	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/test_fault.sh
+
+# libFuzzer (clang) over argument checks and GCOMM_* parsing: FUZZ_SECONDS of inputs, no finding
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+$(BUILD)/fuzz/fuzz_gcomm: test/fuzz/fuzz_gcomm.c gcomm.c transports/shm.c $(LIB_HDR)
+	@mkdir -p $(dir $@)
+	MPICH_CC=$(FUZZ_CC) OMPI_CC=$(FUZZ_CC) $(MPICC) -std=gnu11 -O1 -g -Wall -Wextra -Werror \
+	  -pthread -I. $(MPI_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  -o $@ test/fuzz/fuzz_gcomm.c transports/shm.c -lrt -ldl -lm $(MPI_LIBS)
+fuzz: $(BUILD)/fuzz/fuzz_gcomm
+	bash test/fuzz/run.sh $< $(FUZZ_SECONDS)
+
 run: $(BUILD)/gcomm_perf
 	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
 
 format:
-	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c
+	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c test/fuzz/*.c
 
 clean:
 	rm -rf $(BUILD)
 
-.PHONY: all test test-profiler test-net run format clean
+.PHONY: all test test-profiler test-net test-fault fuzz run format clean
 .PRECIOUS: $(BUILD)/obj/%.o
 
 # GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1 NCCL_HOME=...]
@@ -126,6 +149,6 @@ ifeq ($(CUDA),1)
 $(BUILD)/test/gpu/%: test/gpu/%.c $(BUILD)/libgcomm.a gcomm.h
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
-gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/gcomm_perf $(PLUGINS)
+gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/gcomm_perf $(PLUGINS)
 .PHONY: gpu-test
 endif

@@ -75,6 +75,8 @@ static const gcommParamDef_t paramTable[] = {
      "on this signal, print every active operation, its state and counters (0: off)"},
     {"GCOMM_TIMEOUT_MS", "300000", PARAM_INT, PARAM_AT(timeoutMs), NULL, 1, INT64_MAX / 1000000,
      "deadline of every wait, in milliseconds"},
+    {"GCOMM_CHECK_MISMATCH", "1", PARAM_INT, PARAM_AT(checkMismatch), NULL, 0, 1,
+     "1: ranks whose calls differ (collective, count, datatype, op, root) fail naming the rank"},
     {"GCOMM_HOSTID", "", PARAM_STR, PARAM_AT(hostId), NULL, 0, 0,
      "ranks with the same value share a node (default: MPI_COMM_TYPE_SHARED)"},
     {"GCOMM_PROFILER_PLUGIN", "", PARAM_STR, PARAM_AT(profilerPlugin), NULL, 0, 0,
@@ -127,6 +129,9 @@ static int paramSet(gcommParams_t* p, const gcommParamDef_t* d, const char* text
         *(int64_t*)field = v;
       return 0;
     case PARAM_ENUM:
+      /* empty is the default (found by the fuzzer: GCOMM_PROXY_MODE="" gave neither mode); only
+       * GCOMM_ALGO's default is empty: -1, nothing forced */
+      if (text[0] == 0) text = d->defaultValue;
       v = text[0] == 0 ? -1 : parseEnum(text, d->choices);
       if (text[0] != 0 && v < 0) return -1;
       *(int*)field = (int)v;
@@ -182,35 +187,45 @@ static __thread char threadLastError[1024];
 static const char* const subsysNames[] = {"INIT", "COLL",   "P2P", "PROXY",   "NET",
                                           "SHM",  "TUNING", "ENV", "PROFILE", NULL};
 
+static const char* const logLevels[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
+
+/* GCOMM_DEBUG_SUBSYS: a mask of subsystems. */
+static int parseSubsys(const char* subsys) {
+  char buf[256];
+  int exclude = subsys[0] == '^', mask = 0;
+  snprintf(buf, sizeof(buf), "%s", subsys + exclude);
+  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    int i = parseEnum(tok, subsysNames);
+    mask |= i >= 0 ? 1 << i : strcasecmp(tok, "ALL") == 0 ? GCOMM_SUBSYS_ALL : 0;
+  }
+  return exclude ? (GCOMM_SUBSYS_ALL & ~mask) : mask;
+}
+
+/* GCOMM_DEBUG_FILE: %h becomes the host name, %p the pid; truncated to size - 1 bytes. */
+static void expandPath(const char* pattern, char* path, size_t size) {
+  size_t n = 0;
+  for (const char* c = pattern; *c && n + 1 < size; c++) {
+    if (c[0] == '%' && c[1] == 'h')
+      n += snprintf(path + n, size - n, "%s", hostName), c++;
+    else if (c[0] == '%' && c[1] == 'p')
+      n += snprintf(path + n, size - n, "%d", (int)getpid()), c++;
+    else
+      path[n++] = *c;
+    if (n >= size) n = size - 1; /* snprintf truncated */
+  }
+  path[n] = 0;
+}
+
 static void logInit(void) {
   gethostname(hostName, sizeof(hostName) - 1);
   const char* level = getenv("GCOMM_DEBUG");
-  static const char* const levels[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
-  if (level != NULL && parseEnum(level, levels) >= 0) logLevel = parseEnum(level, levels);
+  if (level != NULL && parseEnum(level, logLevels) >= 0) logLevel = parseEnum(level, logLevels);
   const char* subsys = getenv("GCOMM_DEBUG_SUBSYS");
-  if (subsys != NULL) {
-    char buf[256];
-    int exclude = subsys[0] == '^', mask = 0;
-    snprintf(buf, sizeof(buf), "%s", subsys + exclude);
-    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-      int i = parseEnum(tok, subsysNames);
-      mask |= i >= 0 ? 1 << i : strcasecmp(tok, "ALL") == 0 ? GCOMM_SUBSYS_ALL : 0;
-    }
-    logSubsys = exclude ? (GCOMM_SUBSYS_ALL & ~mask) : mask;
-  }
+  if (subsys != NULL) logSubsys = parseSubsys(subsys);
   const char* file = getenv("GCOMM_DEBUG_FILE");
   if (file != NULL && file[0] != 0) {
     char path[PATH_MAX];
-    size_t n = 0;
-    for (const char* c = file; *c && n < sizeof(path) - 32; c++) {
-      if (c[0] == '%' && c[1] == 'h')
-        n += snprintf(path + n, sizeof(path) - n, "%s", hostName), c++;
-      else if (c[0] == '%' && c[1] == 'p')
-        n += snprintf(path + n, sizeof(path) - n, "%d", (int)getpid()), c++;
-      else
-        path[n++] = *c;
-    }
-    path[n] = 0;
+    expandPath(file, path, sizeof(path));
     logFile = fopen(path, "a");
   }
   if (logFile == NULL) logFile = stderr;
@@ -456,6 +471,52 @@ static int stepBlockedOn(gcommComm_t comm, int lane, const gcommStep_t* st, int*
   return -1;
 }
 
+/* The tag of a call: what every rank must agree on at one point of the FIFOs. Fields (bits): func
+ * 0-3 (a Recv is tagged as the Send it matches), datatype 4-7, op 8-10, root 11-17 (mod 128),
+ * collective seq 18-23 (mod 64), a hash of count 24-30, and bit 31 set (0 means "no tag"). */
+#define TAG_FIELD(tag, shift, bits) (((tag) >> (shift)) & ((1u << (bits)) - 1))
+static uint32_t opTag(const gcommOp_t* op) {
+  int isP2p = op->func == gcommFuncSend || op->func == gcommFuncRecv;
+  uint64_t h = (uint64_t)op->count * 0x9e3779b97f4a7c15ull;
+  return (uint32_t)(isP2p ? gcommFuncSend : op->func) | (uint32_t)op->datatype << 4 |
+         (uint32_t)op->redop << 8 | (uint32_t)(isP2p ? 0 : op->root & 127) << 11 |
+         (uint32_t)(op->seq & 63) << 18 | (uint32_t)(h >> 57) << 24 | 1u << 31;
+}
+
+void gcommDescribeMismatch(char* buf, size_t len, uint64_t got, uint64_t expected) {
+  uint32_t g = (uint32_t)(got >> 32), e = (uint32_t)(expected >> 32);
+  unsigned gf = TAG_FIELD(g, 0, 4), gt = TAG_FIELD(g, 4, 4), go = TAG_FIELD(g, 8, 3);
+  if (g == 0 || e == 0 || g == e) /* no tags (a remote peer, GCOMM_CHECK_MISMATCH=0) or alike */
+    snprintf(buf, len, "it sent %llu bytes where this rank expects %llu (a different count)",
+             (unsigned long long)(uint32_t)got, (unsigned long long)(uint32_t)expected);
+  else if (gf != TAG_FIELD(e, 0, 4))
+    snprintf(buf, len, "it called %s where this rank called %s", gcommFuncName((int)gf),
+             gcommFuncName((int)TAG_FIELD(e, 0, 4)));
+  else if (TAG_FIELD(g, 18, 6) != TAG_FIELD(e, 18, 6))
+    snprintf(buf, len,
+             "its collective is seq %u (mod 64) where this rank's is seq %u: a rank skipped a "
+             "collective or called one more",
+             TAG_FIELD(g, 18, 6), TAG_FIELD(e, 18, 6));
+  else if (gt != TAG_FIELD(e, 4, 4))
+    snprintf(buf, len, "its datatype is %s where this rank's is %s",
+             gt < gcommNumTypes ? typeNames[gt] : "?",
+             typeNames[TAG_FIELD(e, 4, 4) % gcommNumTypes]);
+  else if (go != TAG_FIELD(e, 8, 3))
+    snprintf(buf, len, "its op is %s where this rank's is %s", go < gcommNumOps ? opNames[go] : "?",
+             opNames[TAG_FIELD(e, 8, 3) % gcommNumOps]);
+  else if (TAG_FIELD(g, 11, 7) != TAG_FIELD(e, 11, 7))
+    snprintf(buf, len, "its root is %u (mod 128) where this rank's is %u", TAG_FIELD(g, 11, 7),
+             TAG_FIELD(e, 11, 7));
+  else
+    snprintf(buf, len, "its count differs from this rank's");
+}
+
+/* A slot's word for peer: the tag travels only between ranks of a node (see gcomm_internal.h). */
+static uint64_t slotWord(gcommComm_t comm, const gcommOp_t* op, int peer, size_t bytes) {
+  int local = comm->cards[peer].hostId == comm->cards[comm->rank].hostId;
+  return GCOMM_SLOT_WORD(local ? op->tag : 0, bytes);
+}
+
 static char* slotOf(gcommConn_t* c) {
   return c->slots + (c->step % GCOMM_STEPS) * c->slotBytes;
 }
@@ -472,14 +533,19 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
   if (dst) dst += st->dstOff * esz;
   for (int i = 0; i < 2; i++) {
     if (st->recvPeer[i] >= 0) {
-      gcommConn_t* c = recvConn(comm, w->lane, st->recvPeer[i]);
-      uint64_t got = c->fifo->bytes[c->step % GCOMM_STEPS];
-      if (got != bytes)
-        return gcommSetError(comm, gcommInvalidUsage, st->recvPeer[i], "progress",
-                             "%s (seq %llu) step %ld received %llu bytes where %zu were expected: "
-                             "the ranks called different operations or counts",
-                             funcNames[op->func], (unsigned long long)op->seq, w->step,
-                             (unsigned long long)got, bytes);
+      int peer = st->recvPeer[i];
+      gcommConn_t* c = recvConn(comm, w->lane, peer);
+      uint64_t got = c->fifo->bytes[c->step % GCOMM_STEPS], want = slotWord(comm, op, peer, bytes);
+      if (got != want) {
+        char what[256];
+        gcommDescribeMismatch(what, sizeof(what), got, want);
+        return gcommSetError(comm, gcommInvalidUsage, peer, "progress",
+                             "%s (seq %llu, count %zu, %s, %s, root %d) channel %d step %ld: rank "
+                             "%d made a different call: %s",
+                             funcNames[op->func], (unsigned long long)op->seq, op->count,
+                             typeNames[op->datatype], opNames[op->redop], op->root, w->lane,
+                             w->step, peer, what);
+      }
       in[nIn++] = slotOf(c);
     }
     if (st->sendPeer[i] >= 0) out[nOut++] = slotOf(sendConn(comm, w->lane, st->sendPeer[i]));
@@ -505,7 +571,7 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
   for (int i = 0; i < 2; i++) {
     if (st->sendPeer[i] >= 0) {
       gcommConn_t* c = sendConn(comm, w->lane, st->sendPeer[i]);
-      c->fifo->bytes[c->step % GCOMM_STEPS] = bytes;
+      c->fifo->bytes[c->step % GCOMM_STEPS] = slotWord(comm, op, st->sendPeer[i], bytes);
       __atomic_store_n(&c->fifo->tail, ++c->step, __ATOMIC_RELEASE);
     }
     if (st->recvPeer[i] >= 0) {
@@ -523,7 +589,57 @@ static int peerIsDead(gcommComm_t comm, int peer) {
   return kill(comm->cards[peer].pid, 0) != 0 && errno == ESRCH;
 }
 
-/* Notes that w cannot move: fails it when its peer died or the deadline passed. */
+/* Whether local rank q can still serve w: alive (deathOnly), or else not stopped on an error and
+ * (the awaited peer of a collective) not in a different call at the same sequence number. Fails w
+ * naming q. */
+static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, uint64_t waitedMs,
+                               int deathOnly) {
+  const gcommOp_t* op = w->op;
+  char at[192];
+  snprintf(at, sizeof(at), "%s (seq %llu) lane %d step %ld/%ld, waiting %llu ms to %s rank %d",
+           funcNames[op->func], (unsigned long long)op->seq, w->lane, w->step, w->nSteps,
+           (unsigned long long)waitedMs, w->waitRecv ? "receive from" : "send to", w->waitPeer);
+  if (deathOnly)
+    return peerIsDead(comm, q)
+               ? gcommSetError(comm, gcommRemoteError, q, "progress", "%s: rank %d has died", at, q)
+               : gcommSuccess;
+  gcommStatus_t* st = gcommShmStatus(comm, q);
+  if (st == NULL) return gcommSuccess;
+  int code = __atomic_load_n(&st->code, __ATOMIC_ACQUIRE);
+  if (code != 0) {
+    char msg[sizeof(st->msg)];
+    memcpy(msg, st->msg, sizeof(msg));
+    msg[sizeof(msg) - 1] = 0;
+    return gcommSetError(comm, code == gcommInvalidUsage ? gcommInvalidUsage : gcommRemoteError, q,
+                         "progress", "%s: rank %d stopped: %s", at, q, msg);
+  }
+  int isColl = op->func != gcommFuncSend && op->func != gcommFuncRecv;
+  if (q == w->waitPeer && isColl && op->tag != 0 && w->lane < GCOMM_STATUS_LANES) {
+    uint64_t cur = __atomic_load_n(&st->current[w->lane], __ATOMIC_ACQUIRE);
+    if ((uint32_t)(cur >> 32) == (uint32_t)(op->seq + 1) && (uint32_t)cur != op->tag) {
+      char what[256];
+      gcommDescribeMismatch(what, sizeof(what), GCOMM_SLOT_WORD((uint32_t)cur, 0),
+                            GCOMM_SLOT_WORD(op->tag, 0));
+      return gcommSetError(comm, gcommInvalidUsage, q, "progress",
+                           "%s: rank %d made a different call: %s", at, q, what);
+    }
+  }
+  return gcommSuccess;
+}
+
+/* Publishes the collective w's lane is in (gcommStatus_t.current) for blocked peers' checks. */
+static void noteCurrent(gcommComm_t comm, const gcommWork_t* w) {
+  const gcommOp_t* op = w->op;
+  gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
+  if (st == NULL || op->tag == 0 || op->func == gcommFuncSend || op->func == gcommFuncRecv ||
+      w->lane >= GCOMM_STATUS_LANES)
+    return;
+  __atomic_store_n(&st->current[w->lane], (uint64_t)(uint32_t)(op->seq + 1) << 32 | op->tag,
+                   __ATOMIC_RELEASE);
+}
+
+/* Notes that w cannot move: fails it when a local rank died or stopped, the ranks' calls differ,
+ * or the deadline passed. */
 static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int isRecv) {
   uint64_t now = gcommNowNs();
   if (w->waitSinceNs == 0 || w->waitPeer != peer) {
@@ -534,23 +650,20 @@ static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int
   }
   uint64_t waitedMs = (now - w->waitSinceNs) / 1000000;
   const gcommOp_t* op = w->op;
-  if (waitedMs >= 100 && (comm->passes & 63) == 0 && peerIsDead(comm, peer))
-    return gcommSetError(comm, gcommRemoteError, peer, "progress",
-                         "%s (seq %llu) lane %d step %ld/%ld: rank %d has died while this rank "
-                         "waited to %s it",
-                         funcNames[op->func], (unsigned long long)op->seq, w->lane, w->step,
-                         w->nSteps, peer, isRecv ? "receive from" : "send to");
-  /* the peer lives but may itself be stuck behind a dead rank (it stopped when it saw the death,
-   * or waits too): after a second, name any dead rank of this machine */
-  if (waitedMs >= 1000 && (comm->passes & 1023) == 0)
-    for (int q = 0; q < comm->nranks; q++)
-      if (q != comm->rank && q != peer && peerIsDead(comm, q))
-        return gcommSetError(comm, gcommRemoteError, q, "progress",
-                             "%s (seq %llu) lane %d step %ld/%ld: rank %d has died; this rank "
-                             "waited %llu ms to %s rank %d",
-                             funcNames[op->func], (unsigned long long)op->seq, w->lane, w->step,
-                             w->nSteps, q, (unsigned long long)waitedMs,
-                             isRecv ? "receive from" : "send to", peer);
+  /* A dead or stopped rank never fills or drains its FIFOs, and the ranks behind it stop when
+   * they notice, so the awaited peer may be alive but stuck: after 100 ms of waiting, probe every
+   * local rank every 50 ms: deaths first (the cause), then stops and mismatches, the awaited
+   * peer first. Survivors name the rank long before the deadline. */
+  if (waitedMs >= 100 && now - comm->livenessNs >= 50000000) {
+    comm->livenessNs = now;
+    for (int deathOnly = 1; deathOnly >= 0; deathOnly--)
+      for (int k = 0; k < comm->nranks; k++) {
+        int q = (peer + k) % comm->nranks;
+        gcommResult_t res =
+            q == comm->rank ? gcommSuccess : probeRank(comm, w, q, waitedMs, deathOnly);
+        if (res != gcommSuccess) return res;
+      }
+  }
   if ((int64_t)waitedMs >= comm->params.timeoutMs)
     return gcommSetError(comm, gcommTimeout, peer, "progress",
                          "%s (seq %llu, count %zu, %s) lane %d step %ld/%ld: waited %llu ms to "
@@ -566,6 +679,7 @@ static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int
  * Returns how many ran, or -1 on error (*res says which). */
 static int advanceWork(gcommComm_t comm, gcommWork_t* w, gcommResult_t* res) {
   int ran = 0;
+  if (w->step == 0) noteCurrent(comm, w);
   while (w->step < w->nSteps && ran < GCOMM_STEPS) {
     gcommStep_t st;
     int isRecv = 0;
@@ -616,7 +730,9 @@ static void workFinished(gcommComm_t comm, gcommWork_t* w) {
 
 /* Moves up to max posted operations into the queues. */
 static void fetchPosted(gcommComm_t comm, long max) {
-  if (comm->postedHead == NULL) return; /* racy peek; the next pass sees what it missed */
+  /* a peek without the lock (atomic: posters write it under the lock); the next pass sees what
+   * it missed */
+  if (__atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE) == NULL) return;
   void* ctrl = GCOMM_PROF_ON(comm, gcommProfileProxyCtrl)
                    ? gcommProfCtrlStart(comm, gcommProfilerProxyCtrlAppend)
                    : NULL;
@@ -624,8 +740,8 @@ static void fetchPosted(gcommComm_t comm, long max) {
   pthread_mutex_lock(&comm->postLock);
   for (; k < max && comm->postedHead != NULL; k++) {
     gcommOp_t* op = comm->postedHead;
-    comm->postedHead = op->next;
-    if (comm->postedHead == NULL) comm->postedTail = NULL;
+    __atomic_store_n(&comm->postedHead, op->next, __ATOMIC_RELEASE);
+    if (op->next == NULL) comm->postedTail = NULL;
     for (int i = 0; i < op->nWorks; i++) {
       gcommWork_t* w = &op->works[i];
       gcommQueue_t* q = &comm->queues[w->queue];
@@ -655,41 +771,73 @@ static void drainAll(gcommComm_t comm) {
   }
 }
 
-/* Records the error that stops the communicator (the first one wins). */
-static void setAsyncError(gcommComm_t comm, gcommResult_t res) {
-  int expected = gcommSuccess;
-  __atomic_compare_exchange_n(&comm->asyncError, &expected, (int)res, 0, __ATOMIC_ACQ_REL,
-                              __ATOMIC_ACQUIRE);
+/* Tells the ranks of this node that this rank's communicator stopped, and why (gcommStatus_t),
+ * so that those blocked on it stop too, naming it. The first word stays. */
+static void publishStop(gcommComm_t comm, gcommResult_t res, const char* why) {
+  gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
+  if (st == NULL || __atomic_load_n(&st->code, __ATOMIC_ACQUIRE) != 0) return;
+  pthread_mutex_lock(&comm->errorLock);
+  const char* msg = why ? why : comm->lastError;
+  size_t len = strnlen(msg, sizeof(st->msg) - 1);
+  memcpy(st->msg, msg, len);
+  st->msg[len] = 0;
+  pthread_mutex_unlock(&comm->errorLock);
+  __atomic_store_n(&st->code, (int)res, __ATOMIC_RELEASE);
 }
 
-static void dumpState(gcommComm_t comm) {
-  fprintf(stderr,
-          "gcomm dump: rank %d/%d comm \"%s\" pid %d: %llu ops posted, %llu done, %ld "
-          "works active, async error: %s\n",
-          comm->rank, comm->nranks, comm->name, (int)getpid(), (unsigned long long)comm->opsPosted,
-          (unsigned long long)comm->opsDone, comm->nActiveWorks,
-          gcommGetErrorString((gcommResult_t)comm->asyncError));
+/* Records the error that stops the communicator (the first one wins) and publishes it. */
+static void setAsyncError(gcommComm_t comm, gcommResult_t res) {
+  int expected = gcommSuccess;
+  if (__atomic_compare_exchange_n(&comm->asyncError, &expected, (int)res, 0, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_ACQUIRE))
+    publishStop(comm, res, res == gcommAborted ? "gcommCommAbort was called there" : NULL);
+}
+
+/* Every queue's head operation, its step and the peer it waits on, for hang diagnosis
+ * (tools/hang_report.py reads these lines from every rank's log): on GCOMM_PROXY_DUMP_SIGNAL and
+ * when the engine stops on an error. Logged whatever GCOMM_DEBUG says: it was asked for, or it
+ * explains a failure. */
+static void dumpState(gcommComm_t comm, const char* why) {
+  char line[1024];
+  pthread_once(&logOnce, logInit);
+  snprintf(
+      line, sizeof(line),
+      "rank %d/%d comm \"%s\" pid %d (%s): %llu collectives called, %llu ops posted, %llu "
+      "done, %ld works active, async error: %s",
+      comm->rank, comm->nranks, comm->name, (int)getpid(), why,
+      (unsigned long long)__atomic_load_n(&comm->collSeq, __ATOMIC_RELAXED),
+      (unsigned long long)__atomic_load_n(&comm->opsPosted, __ATOMIC_RELAXED),
+      (unsigned long long)__atomic_load_n(&comm->opsDone, __ATOMIC_RELAXED), comm->nActiveWorks,
+      gcommGetErrorString((gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_RELAXED)));
+  logWrite(GCOMM_LOG_WARN, comm, "dump", line);
   for (int q = 0; q < comm->nQueues; q++) {
     gcommWork_t* w = comm->queues[q].head;
     if (w == NULL) continue;
     int queued = 0;
     for (gcommWork_t* x = w->next; x; x = x->next) queued++;
     const gcommOp_t* op = w->op;
-    fprintf(stderr,
-            "gcomm dump: rank %d queue %d: %s seq %llu count %zu %s %s algo %s channel "
-            "%d step %ld/%ld",
-            comm->rank, q, funcNames[op->func], (unsigned long long)op->seq, op->count,
-            typeNames[op->datatype], opNames[op->redop], algoNames[op->algo], w->lane, w->step,
-            w->nSteps);
+    int len = snprintf(line, sizeof(line), "rank %d comm \"%s\" queue %d: %s", comm->rank,
+                       comm->name, q, funcNames[op->func]);
+    if (op->func == gcommFuncSend || op->func == gcommFuncRecv)
+      len += snprintf(line + len, sizeof(line) - len, " peer %d", op->peer);
+    else
+      len += snprintf(line + len, sizeof(line) - len, " seq %llu root %d",
+                      (unsigned long long)op->seq, op->root);
+    len +=
+        snprintf(line + len, sizeof(line) - len, " count %zu %s %s algo %s channel %d step %ld/%ld",
+                 op->count, typeNames[op->datatype], opNames[op->redop], algoNames[op->algo],
+                 w->lane, w->step, w->nSteps);
     if (w->waitSinceNs) {
       gcommConn_t* c =
           w->waitRecv ? recvConn(comm, w->lane, w->waitPeer) : sendConn(comm, w->lane, w->waitPeer);
-      fprintf(stderr, ", waiting %llu ms to %s rank %d (fifo tail %llu head %llu)",
-              (unsigned long long)((gcommNowNs() - w->waitSinceNs) / 1000000),
-              w->waitRecv ? "receive from" : "send to", w->waitPeer,
-              (unsigned long long)c->fifo->tail, (unsigned long long)c->fifo->head);
+      len += snprintf(line + len, sizeof(line) - len,
+                      ", waiting %llu ms to %s rank %d (fifo tail %llu head %llu)",
+                      (unsigned long long)((gcommNowNs() - w->waitSinceNs) / 1000000),
+                      w->waitRecv ? "receive from" : "send to", w->waitPeer,
+                      (unsigned long long)c->fifo->tail, (unsigned long long)c->fifo->head);
     }
-    fprintf(stderr, "; %d more queued\n", queued);
+    snprintf(line + len, sizeof(line) - len, "; %d more queued", queued);
+    logWrite(GCOMM_LOG_WARN, comm, "dump", line);
   }
 }
 
@@ -700,11 +848,11 @@ static int progressPass(gcommComm_t comm) {
   comm->passes++;
   if (comm->dumpSeen != (uint64_t)dumpRequests) {
     comm->dumpSeen = (uint64_t)dumpRequests;
-    dumpState(comm);
+    dumpState(comm, "GCOMM_PROXY_DUMP_SIGNAL");
   }
   if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) ||
       __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess) {
-    if (comm->nActiveWorks > 0 || comm->postedHead != NULL) moved = 1;
+    if (comm->nActiveWorks > 0 || __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE)) moved = 1;
     drainAll(comm);
     return moved;
   }
@@ -717,6 +865,7 @@ static int progressPass(gcommComm_t comm) {
       int ran = advanceWork(comm, w, &res);
       if (ran < 0) {
         setAsyncError(comm, res);
+        dumpState(comm, gcommGetErrorString(res)); /* where every queue stood */
         drainAll(comm);
         return 1;
       }
@@ -792,12 +941,14 @@ static void* progressThread(void* arg) {
 }
 
 static gcommResult_t startThreadOnce(gcommComm_t comm) {
-  if (comm->params.proxyMode != GCOMM_PROXY_THREAD || comm->threadStarted) return gcommSuccess;
+  if (comm->params.proxyMode != GCOMM_PROXY_THREAD ||
+      __atomic_load_n(&comm->threadStarted, __ATOMIC_ACQUIRE)) /* posters may race: see below */
+    return gcommSuccess;
   pthread_mutex_lock(&comm->postLock);
   int err = 0;
   if (!comm->threadStarted) {
     err = pthread_create(&comm->thread, NULL, progressThread, comm);
-    if (err == 0) comm->threadStarted = 1;
+    if (err == 0) __atomic_store_n(&comm->threadStarted, 1, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&comm->postLock);
   if (err != 0)
@@ -814,7 +965,7 @@ static gcommResult_t postOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail,
   if (comm->postedTail)
     comm->postedTail->next = head;
   else
-    comm->postedHead = head;
+    __atomic_store_n(&comm->postedHead, head, __ATOMIC_RELEASE);
   comm->postedTail = tail;
   pthread_cond_signal(&comm->postCond);
   pthread_mutex_unlock(&comm->postLock);
@@ -952,14 +1103,17 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   if (comm->cards == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   MPI_CHECK(comm, MPI_Allgather(&card, sizeof(card), MPI_BYTE, comm->cards, sizeof(card), MPI_BYTE,
                                 comm->mpiComm));
-  /* the lanes and slot size must agree: they shape every FIFO */
-  int shape[3] = {comm->nChannels, (int)comm->slotBytes, comm->nLanes}, lo[3], hi[3];
-  MPI_CHECK(comm, MPI_Allreduce(shape, lo, 3, MPI_INT, MPI_MIN, comm->mpiComm));
-  MPI_CHECK(comm, MPI_Allreduce(shape, hi, 3, MPI_INT, MPI_MAX, comm->mpiComm));
-  if (lo[0] != hi[0] || lo[1] != hi[1] || lo[2] != hi[2])
+  /* the lanes and slot size must agree: they shape every FIFO; and so must the slot words */
+  int shape[4] = {comm->nChannels, (int)comm->slotBytes, comm->nLanes,
+                  (int)comm->params.checkMismatch},
+      lo[4], hi[4];
+  MPI_CHECK(comm, MPI_Allreduce(shape, lo, 4, MPI_INT, MPI_MIN, comm->mpiComm));
+  MPI_CHECK(comm, MPI_Allreduce(shape, hi, 4, MPI_INT, MPI_MAX, comm->mpiComm));
+  if (memcmp(lo, hi, sizeof(lo)) != 0)
     return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
-                       "ranks disagree on GCOMM_NCHANNELS (%d..%d), GCOMM_BUFFSIZE or GPU vs "
-                       "host (config.device): set them the same on every rank",
+                       "ranks disagree on GCOMM_NCHANNELS (%d..%d), GCOMM_BUFFSIZE, "
+                       "GCOMM_CHECK_MISMATCH or GPU vs host (config.device): set them the same "
+                       "on every rank",
                        lo[0], hi[0]);
 #ifdef GCOMM_OFI
   for (int p = 0; p < comm->nranks; p++)
@@ -1148,14 +1302,28 @@ gcommResult_t gcommCommDestroy(gcommComm_t comm) {
 #endif
       if (__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
     res = gcommWait(comm, NULL); /* outstanding work finishes first */
+  /* a rank still blocked on this one now called something this one never will */
+  publishStop(comm, gcommRemoteError, "gcommCommDestroy was called there");
   commFree(comm);
   return res == gcommAborted ? gcommSuccess : res;
+}
+
+/* The error that stopped comm: the engine's or, on a GPU communicator, a kernel's as soon as the
+ * kernel has recorded it in mapped memory (no CUDA call, no wait for the stream). */
+static gcommResult_t commAsyncError(gcommComm_t comm, const char* where) {
+#ifdef GCOMM_GPU
+  if (comm->device >= 0 && __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
+    gcommDeviceKernelError(comm, where);
+#else
+  (void)where;
+#endif
+  return (gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE);
 }
 
 gcommResult_t gcommCommGetAsyncError(gcommComm_t comm, gcommResult_t* asyncError) {
   GCOMM_CHECK(checkComm(comm, __func__));
   if (asyncError == NULL) return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "asyncError is NULL");
-  *asyncError = (gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE);
+  *asyncError = commAsyncError(comm, __func__);
   return gcommSuccess;
 }
 
@@ -1492,7 +1660,8 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
   op->algo = algo;
   op->proto = proto;
   op->nChannels = nch;
-  op->seq = isP2p ? 0 : comm->collSeq++;
+  op->seq = isP2p ? 0 : __atomic_fetch_add(&comm->collSeq, 1, __ATOMIC_RELAXED); /* dumps read it */
+  op->tag = comm->params.checkMismatch ? opTag(op) : 0;
   size_t align = esz >= 16 ? 1 : 16 / esz;
   size_t slotPayload = proto == gcommProtoLL ? GCOMM_LL_SLOT_PAYLOAD : comm->slotBytes;
   size_t chunk = (slotPayload / esz) / align * align;
@@ -1534,7 +1703,7 @@ static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
   if (stream != NULL && comm->device < 0)
     return gcommSetError(comm, gcommInvalidArgument, -1, where,
                          "stream must be NULL on a host communicator");
-  gcommResult_t async = (gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE);
+  gcommResult_t async = commAsyncError(comm, where);
   if (async != gcommSuccess)
     return gcommSetError(comm, async, -1, where,
                          "the communicator has stopped on an earlier error: %s", comm->lastError);
@@ -1742,7 +1911,8 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
     if (gcommNowNs() > deadline)
       return GCOMM_ERROR(
           comm, gcommTimeout, -1, "%llu operations still outstanding after GCOMM_TIMEOUT_MS=%lld",
-          (unsigned long long)(target - comm->opsDone), (long long)comm->params.timeoutMs);
+          (unsigned long long)(target - __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE)),
+          (long long)comm->params.timeoutMs);
     if (poll) {
       pthread_mutex_lock(&comm->progressLock);
       int moved = progressPass(comm);

@@ -74,6 +74,7 @@ typedef struct {
   void* recvbuff;
   long nSteps;
   int datatype, redop, lane, proto;
+  uint32_t tag; /* gcommOp_t.tag: the high half of each slot's word (GCOMM_SLOT_WORD) */
 } gcommDevWork_t;
 
 /* One launch: block b runs works[first[b] .. first[b+1]) in order. All works of a block come
@@ -113,6 +114,9 @@ gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* s
 /* gcommSuccess when stream is idle, gcommInProgress when not, or the kernels' error. */
 gcommResult_t gcommDeviceTest(gcommComm_t comm, void* stream, const char* where);
 gcommResult_t gcommDeviceWait(gcommComm_t comm, void* stream, const char* where);
+/* The kernels' recorded failure (read from mapped memory: no CUDA call), recorded as comm's
+ * error and async error; gcommSuccess when there is none. */
+gcommResult_t gcommDeviceKernelError(gcommComm_t comm, const char* where);
 void gcommDeviceAbort(gcommComm_t comm);
 /* gcommCommDestroy: waits for the GPU (kernels end by themselves: deadline, abort), then, unless
  * the communicator failed, for every rank, so that no peer still writes into a region freed. */

@@ -57,16 +57,17 @@ int gcommLocalIndex(gcommComm_t comm, int rank);
 
 /* ---- Parameters: one table in gcomm.c, read at communicator init ---- */
 typedef struct {
-  int algo;            /* GCOMM_ALGO: -1 = cost model, else gcommAlgo_t */
-  int proto;           /* GCOMM_PROTO: -1 = cost model, else gcommProto_t (GPU only) */
-  int nChannels;       /* GCOMM_NCHANNELS */
-  int64_t buffSize;    /* GCOMM_BUFFSIZE: bytes of one connection FIFO */
-  int proxyMode;       /* GCOMM_PROXY_MODE */
-  int64_t appendFreq;  /* GCOMM_PROGRESS_APPENDOP_FREQ */
-  int64_t appendBatch; /* GCOMM_PROXY_APPEND_BATCH_SIZE */
-  int64_t dumpSignal;  /* GCOMM_PROXY_DUMP_SIGNAL */
-  int64_t timeoutMs;   /* GCOMM_TIMEOUT_MS */
-  const char* hostId;  /* GCOMM_HOSTID, or NULL */
+  int algo;              /* GCOMM_ALGO: -1 = cost model, else gcommAlgo_t */
+  int proto;             /* GCOMM_PROTO: -1 = cost model, else gcommProto_t (GPU only) */
+  int nChannels;         /* GCOMM_NCHANNELS */
+  int64_t buffSize;      /* GCOMM_BUFFSIZE: bytes of one connection FIFO */
+  int proxyMode;         /* GCOMM_PROXY_MODE */
+  int64_t appendFreq;    /* GCOMM_PROGRESS_APPENDOP_FREQ */
+  int64_t appendBatch;   /* GCOMM_PROXY_APPEND_BATCH_SIZE */
+  int64_t dumpSignal;    /* GCOMM_PROXY_DUMP_SIGNAL */
+  int64_t timeoutMs;     /* GCOMM_TIMEOUT_MS */
+  int64_t checkMismatch; /* GCOMM_CHECK_MISMATCH */
+  const char* hostId;    /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
   int64_t netDisable;      /* GCOMM_NET_DISABLE */
   const char* ofiProvider; /* GCOMM_OFI_PROVIDER, or NULL */
@@ -84,8 +85,12 @@ typedef struct {
   char pad0[56];
   volatile uint64_t head; /* written by the receiver: slots consumed */
   char pad1[56];
-  volatile uint64_t bytes[GCOMM_STEPS]; /* payload bytes in each slot */
+  volatile uint64_t bytes[GCOMM_STEPS]; /* each slot's word: payload bytes (low 32 bits) and,
+                                           between ranks of a node, the sender's call tag */
 } gcommFifo_t;
+
+/* What differs between the word a peer wrote (got) and the one expected, as text for an error. */
+void gcommDescribeMismatch(char* buf, size_t len, uint64_t got, uint64_t expected);
 
 typedef struct {
   gcommFifo_t* fifo;
@@ -121,6 +126,7 @@ struct gcommOp {
   void* recvbuff;
   size_t count;
   uint64_t seq; /* collectives: the communicator's collective sequence number */
+  uint32_t tag; /* the call, packed for the FIFO slots (0 with GCOMM_CHECK_MISMATCH=0) */
   int nWorks, nWorksLeft;
   /* profiler: the Coll/P2p event, parent of the works' events */
   void* profHandle;
@@ -212,6 +218,7 @@ struct gcommComm {
   int abortFlag;  /* atomic */
   int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
   uint64_t collSeq;
+  uint64_t livenessNs; /* when the engine last probed the local ranks' pids */
 
   /* group */
   gcommOp_t *groupHead, *groupTail;
@@ -227,6 +234,17 @@ struct gcommComm {
   gcommProf_t prof;
 };
 
+/* What a rank tells the other ranks of its node, in its shared-memory segment, so that a peer
+ * blocked on it fails fast and names it: the error that stopped it, and the collective each
+ * collective channel is in (a rank at the same sequence number in a different call is a
+ * mismatch even when no data can flow, e.g. two ranks that both think they are the root). */
+#define GCOMM_STATUS_LANES 32 /* collective channels: GCOMM_NCHANNELS <= 32 */
+typedef struct {
+  volatile int code; /* 0, or the gcommResult_t that stopped the rank (written after msg) */
+  char msg[508];
+  volatile uint64_t current[GCOMM_STATUS_LANES]; /* (seq + 1) << 32 | tag, 0: none yet */
+} gcommStatus_t;
+
 /* ---- Shared-memory transport (transports/shm.c) ---- */
 /* Creates this rank's segment: the FIFOs every local rank (itself included) sends to it on every
  * lane. Names it in card->shmName. */
@@ -235,6 +253,8 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card);
  * (the caller's barrier), gcommShmUnlink removes the names so nothing outlives the processes. */
 gcommResult_t gcommShmConnect(gcommComm_t comm);
 void gcommShmUnlink(gcommComm_t comm);
+/* rank's status in its segment, or NULL when rank is not on this node (or not mapped yet). */
+gcommStatus_t* gcommShmStatus(gcommComm_t comm, int rank);
 void gcommShmFree(gcommComm_t comm);
 
 #ifdef GCOMM_OFI

@@ -634,9 +634,10 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
               break;
             }
             if (!ll) got = c.bytes[step % GCOMM_STEPS];
-            if (got != bytes) {
+            if (got != GCOMM_SLOT_WORD(w.tag, bytes)) { /* a different call (or count) */
               err = gcommInvalidUsage;
-              recordError(a.comm, &comm, err, p, w.lane, 1, sched.func, s, got, bytes);
+              recordError(a.comm, &comm, err, p, w.lane, 1, sched.func, s, got,
+                          GCOMM_SLOT_WORD(w.tag, bytes));
               break;
             }
             shIn[k] = slot + hdr;
@@ -659,7 +660,9 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
                             : c.slots + (step % GCOMM_STEPS) * comm.slotBytes;
             shOut[k] = slot + hdr;
             shFlagOut[k] = (uint32_t)(step + 1);
-            if (ll) llWrite((uint4*)slot, bytes, shFlagOut[k]); /* the header line */
+            if (ll)
+              llWrite((uint4*)slot, GCOMM_SLOT_WORD(w.tag, bytes),
+                      shFlagOut[k]); /* the header line */
           }
         }
         shFail = err;
@@ -700,7 +703,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
             if (ll) { /* the flags carried the data; the tail only keeps count */
               *c.tail = step + 1;
             } else {
-              c.bytes[step % GCOMM_STEPS] = bytes;
+              c.bytes[step % GCOMM_STEPS] = GCOMM_SLOT_WORD(w.tag, bytes);
               stRelease(c.tail, step + 1);
             }
             *c.step = step + 1;

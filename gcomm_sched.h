@@ -30,6 +30,11 @@
 #endif
 
 #define GCOMM_STEPS 8 /* slots in every connection FIFO */
+/* Mismatch detection (GCOMM_CHECK_MISMATCH): each FIFO slot's word is (tag << 32) | payload bytes,
+ * where the tag packs the call that filled it (gcomm.c's opTag). A receiver that expects another
+ * word names what differs and the rank. Host and GPU executors write and check the same word; the
+ * network carries only the payload size (across nodes only the size is checked). */
+#define GCOMM_SLOT_WORD(tag, bytes) (((uint64_t)(tag) << 32) | (uint64_t)(bytes))
 
 typedef enum {
   gcommFuncAllReduce,

@@ -1,11 +1,14 @@
 /*
  * test_netkill.c - a rank killed (SIGKILL) in the middle of a large all-reduce.
  *
- * TEST_KILL_RANK=k (run by test/test_net.sh under `mpiexec -disable-auto-cleanup`, with
- * GCOMM_HOSTID pretend nodes and a short GCOMM_TIMEOUT_MS): rank k posts a large all-reduce, lets
- * it run TEST_KILL_AFTER_MS (default 30) and kills itself. Every other rank checks that gcommWait
- * returns an error (not success, no hang, no crash) within GCOMM_TIMEOUT_MS + 5 s and that
- * gcommGetLastError names "rank k". Each survivor prints its own PASS/FAIL line.
+ * TEST_KILL_RANK=k (run under `mpiexec -disable-auto-cleanup` by test/test_net.sh, with
+ * GCOMM_HOSTID pretend nodes, and by test/test_fault.sh, all ranks on one node over shm): rank k
+ * posts a large all-reduce, lets it run TEST_KILL_AFTER_MS (default 30) and kills itself
+ * (TEST_KILL_MOMENT=before: it dies right before the call instead). Every other rank checks that
+ * gcommWait returns an error (not success, no hang, no crash) within GCOMM_TIMEOUT_MS + 5 s (or
+ * TEST_KILL_MAX_S) and that gcommGetLastError names "rank k"; then, once every survivor has seen
+ * its error, that gcommCommAbort and gcommCommDestroy succeed. Each survivor prints its own
+ * PASS/FAIL line (and writes it to TEST_NETKILL_DIR/rankR).
  * Without TEST_KILL_RANK (as test/run.sh runs it) it checks the same all-reduce completes.
  * TEST_POLL=1 uses a polled communicator.
  */
@@ -37,7 +40,10 @@ int main(int argc, char** argv) {
   int victim = k ? atoi(k) : -1;
   int afterMs = getenv("TEST_KILL_AFTER_MS") ? atoi(getenv("TEST_KILL_AFTER_MS")) : 30;
   int poll = getenv("TEST_POLL") && atoi(getenv("TEST_POLL"));
+  int before = getenv("TEST_KILL_MOMENT") && strcmp(getenv("TEST_KILL_MOMENT"), "before") == 0;
+  const char* dir = getenv("TEST_NETKILL_DIR");
   double timeoutS = (getenv("GCOMM_TIMEOUT_MS") ? atof(getenv("GCOMM_TIMEOUT_MS")) : 300000) / 1e3;
+  double maxS = getenv("TEST_KILL_MAX_S") ? atof(getenv("TEST_KILL_MAX_S")) : timeoutS + 5;
   gcommConfig_t cfg = GCOMM_CONFIG_INITIALIZER;
   cfg.proxyMode = poll ? GCOMM_PROXY_POLL : GCOMM_PROXY_THREAD;
   gcommComm_t comm;
@@ -53,6 +59,17 @@ int main(int argc, char** argv) {
   gcommResult_t res = gcommWait(comm, NULL);
   for (size_t i = 0; i < 1024; i++) buf[i] = 1.0f;
   MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == victim && dir != NULL) { /* test/test_fault.sh checks /dev/shm for its pid */
+    char path[512];
+    snprintf(path, sizeof(path), "%s/victim", dir);
+    FILE* f = fopen(path, "w");
+    if (f) fprintf(f, "%d\n", (int)getpid()), fclose(f);
+  }
+  if (rank == victim && before) {
+    printf("netkill: rank %d kills itself before the all-reduce\n", rank);
+    fflush(stdout);
+    raise(SIGKILL);
+  }
   double t0 = now();
   res = gcommAllReduce(buf, buf, count, gcommFloat32, gcommSum, comm, NULL);
   if (rank == victim) {
@@ -80,28 +97,48 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return all ? 0 : 1;
   }
-  char want[32];
+  char want[32], line[1400];
   snprintf(want, sizeof(want), "rank %d", victim);
   const char* err = gcommGetLastError(comm);
-  int ok = res != gcommSuccess && dt < timeoutS + 5 && strstr(err, want) != NULL;
-  printf("%s netkill: rank %d got \"%s\" after %.2f s: %s\n", ok ? "PASS" : "FAIL", rank,
-         gcommGetErrorString(res), dt, err);
+  int ok = res != gcommSuccess && dt < maxS && strstr(err, want) != NULL;
+  snprintf(line, sizeof(line), "rank %d got \"%s\" after %.2f s: %s", rank,
+           gcommGetErrorString(res), dt, err);
+  printf("netkill: %s\n", line);
   fflush(stdout);
-  if (getenv("TEST_NETKILL_DIR")) { /* mpiexec may lose the output of a job that lost a rank */
-    char path[512];
-    snprintf(path, sizeof(path), "%s/rank%d", getenv("TEST_NETKILL_DIR"), rank);
-    FILE* f = fopen(path, "w");
-    if (f) {
-      fprintf(f, "%s netkill: rank %d got \"%s\" after %.2f s: %s\n", ok ? "PASS" : "FAIL", rank,
-              gcommGetErrorString(res), dt, err);
-      fclose(f);
-    }
-  }
   /* stay alive until every survivor has seen the error: a survivor that left early would be
-   * one more dead rank for the others to name */
-  usleep((useconds_t)((timeoutS + 2) * 1e6));
-  gcommCommAbort(comm);
-  gcommCommDestroy(comm);
+   * one more dead rank for the others to name (a marker file each, or else the deadline) */
+  if (dir != NULL) {
+    char path[512];
+    snprintf(path, sizeof(path), "%s/seen%d", dir, rank);
+    FILE* f = fopen(path, "w");
+    if (f) fprintf(f, "%d\n", (int)getpid()), fclose(f);
+    for (double t = now(); now() - t < timeoutS + 5;) {
+      int seen = 0;
+      for (int r = 0; r < n; r++) {
+        snprintf(path, sizeof(path), "%s/seen%d", dir, r);
+        seen += access(path, F_OK) == 0;
+      }
+      if (seen >= n - 1) break;
+      usleep(10000);
+    }
+  } else {
+    usleep((useconds_t)((timeoutS + 2) * 1e6));
+  }
+  gcommResult_t aborted = gcommCommAbort(comm);
+  gcommResult_t destroyed = gcommCommDestroy(comm);
+  if (aborted != gcommSuccess || destroyed != gcommSuccess) ok = 0;
+  char result[1600];
+  snprintf(result, sizeof(result), "%s netkill: %s; then abort: %s, destroy: %s\n",
+           ok ? "PASS" : "FAIL", line, gcommGetErrorString(aborted),
+           gcommGetErrorString(destroyed));
+  fputs(result, stdout);
+  fflush(stdout);
+  if (dir != NULL) { /* mpiexec may lose the output of a job that lost a rank */
+    char path[512];
+    snprintf(path, sizeof(path), "%s/rank%d", dir, rank);
+    FILE* f = fopen(path, "w");
+    if (f) fputs(result, f), fclose(f);
+  }
   free(buf);
   /* MPI cannot finalise with a dead rank; leave without it */
   _exit(ok ? 0 : 1);

@@ -252,6 +252,7 @@ gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* s
         dw->redop = op->redop;
         dw->lane = wk->lane;
         dw->proto = op->proto;
+        dw->tag = op->tag;
       }
       if (res != gcommSuccess) break;
     }
@@ -261,8 +262,7 @@ gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* s
   return res;
 }
 
-/* The kernels' recorded failure, as this rank's error. */
-static gcommResult_t kernelError(gcommComm_t comm, const char* where) {
+gcommResult_t gcommDeviceKernelError(gcommComm_t comm, const char* where) {
   gcommDevError_t* e = hostError(comm->dev);
   int code = e->code;
   if (code == 0) return gcommSuccess;
@@ -270,11 +270,13 @@ static gcommResult_t kernelError(gcommComm_t comm, const char* where) {
   const char* fn = gcommFuncName(e->func);
   if (code == gcommAborted)
     return gcommSetError(comm, gcommAborted, -1, where, "the communicator was aborted");
-  if (code == gcommInvalidUsage)
+  if (code == gcommInvalidUsage) {
+    char what[256];
+    gcommDescribeMismatch(what, sizeof(what), e->got, e->expected);
     return gcommSetError(comm, gcommInvalidUsage, e->peer, where,
-                         "GPU %s channel %d step %ld received %llu bytes from rank %d where %llu "
-                         "were expected: the ranks called different operations or counts",
-                         fn, e->lane, e->step, e->got, e->peer, e->expected);
+                         "GPU %s channel %d step %ld: rank %d made a different call: %s", fn,
+                         e->lane, e->step, e->peer, what);
+  }
   return gcommSetError(comm, (gcommResult_t)code, e->peer, where,
                        "GPU %s lane %d step %ld: waited more than GCOMM_TIMEOUT_MS=%lld to %s "
                        "rank %d",
@@ -287,7 +289,7 @@ gcommResult_t gcommDeviceTest(gcommComm_t comm, void* stream, const char* where)
   cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
   RESTORE_DEVICE(comm, old);
   if (comm->dev->prof) profReap(comm, 0);
-  gcommResult_t kres = kernelError(comm, where);
+  gcommResult_t kres = gcommDeviceKernelError(comm, where);
   if (kres != gcommSuccess) return kres;
   if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE))
     return gcommSetError(comm, gcommAborted, -1, where, "the communicator was aborted");

@@ -6,6 +6,7 @@
  * segment is sparse (tmpfs allocates a page when it is first touched), so FIFOs that an
  * algorithm never uses cost nothing. Names are unlinked as soon as every rank has mapped them:
  * the memory then lives exactly as long as the processes that map it, even after a crash.
+ * The segment's last page holds the rank's gcommStatus_t (its error, its current collectives).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,6 +27,9 @@ struct gcommShm {
   char name[64]; /* this rank's segment */
 };
 
+#define STATUS_BYTES 4096 /* the segment's last page: gcommStatus_t */
+_Static_assert(sizeof(gcommStatus_t) <= STATUS_BYTES, "gcommStatus_t fits its page");
+
 static size_t fifoBytes(gcommComm_t comm) {
   size_t b = sizeof(gcommFifo_t) + GCOMM_STEPS * comm->slotBytes;
   return (b + 4095) & ~(size_t)4095;
@@ -39,7 +43,7 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card) {
   shm->maps = calloc(comm->nranks, sizeof(void*));
   if (shm->maps == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   shm->fifoBytes = fifoBytes(comm);
-  shm->segBytes = shm->fifoBytes * comm->nLanes * comm->nLocal;
+  shm->segBytes = shm->fifoBytes * comm->nLanes * comm->nLocal + STATUS_BYTES;
   snprintf(card->shmName, sizeof(card->shmName), "/gcomm-%d-%u-%d", (int)getpid(),
            __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED), comm->rank);
   snprintf(shm->name, sizeof(shm->name), "%s", card->shmName);
@@ -107,6 +111,12 @@ gcommResult_t gcommShmConnect(gcommComm_t comm) {
     }
   }
   return gcommSuccess;
+}
+
+gcommStatus_t* gcommShmStatus(gcommComm_t comm, int rank) {
+  struct gcommShm* shm = comm->shm;
+  if (shm == NULL || shm->maps[rank] == NULL) return NULL;
+  return (gcommStatus_t*)((char*)shm->maps[rank] + shm->segBytes - STATUS_BYTES);
 }
 
 void gcommShmUnlink(gcommComm_t comm) {

@@ -32,6 +32,7 @@ step() { # name timeout command...
 # make is quick when the build is there already (a second call on a warm machine)
 step build 300 make -j"$(nproc)" CUDA=1 CUDA_ARCH=90 BUILD=$B MPICC="$MPICC" "${EXTRA[@]}" $NCCLARG gpu-test || exit 1
 want test && step test_2r${NG}g 300 $RUN 2 $B/test/gpu/test_gpu
+want test && step fault_2r 120 $RUN 2 $B/test/gpu/test_gpu_fault   # abort, kernel mismatch, async error
 # the benchmark: gcomm and NCCL through the same harness, one table each, every collective
 PERFBACK=gcomm; [ -n "$NCCLARG" ] && PERFBACK=gcomm,nccl
 want perf && step perf_2r 240 $RUN 2 $B/gcomm_perf --coll all -b 8 -e 64M -f 8 -n 20 -w 5 --backend $PERFBACK

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# test/test_fault.sh - failures that need more than one MPI job can show (`make test-fault`).
+#
+#   kill  test_netkill with every rank on one node (shm): rank 1 is SIGKILLed 30 ms into a 32 MiB
+#         all-reduce (mid) or right before it (before), thread or poll mode. Every survivor must
+#         return an error naming rank 1 within TEST_KILL_MAX_S (5 s; GCOMM_TIMEOUT_MS is 60 s, so
+#         only the pid and status probes can find it), then abort and destroy must succeed, and
+#         no segment of the job may be left in /dev/shm.
+#   hang  test_fault with TEST_FAULT_HANG=2 on 4 ranks: rank 2 skips a collective, the others
+#         hang. Every rank is sent GCOMM_PROXY_DUMP_SIGNAL; tools/hang_report.py, given every
+#         rank's log, must say that rank 2 is behind.
+#   soak  test_soak on 4 ranks (TEST_SOAK_SMALL small and TEST_SOAK_LARGE large collectives):
+#         memory, file descriptors and /dev/shm stable (the program checks and prints them).
+#
+# Environment: BUILD (default build), MPIEXEC, TEST_FAULT_KILLS (default "4/mid 4/before
+#   4/mid/poll 2/mid"; ranks/moment[/poll]), TEST_SOAK_SMALL, TEST_SOAK_LARGE (the program's
+#   defaults when unset). The last line is "N passed, N failed".
+set -u
+BUILD=${BUILD:-build}
+MPIEXEC=${MPIEXEC:-mpiexec}
+KILLS=${TEST_FAULT_KILLS-"4/mid 4/before 4/mid/poll 2/mid"}
+here=$(cd "$(dirname "$0")" && pwd)
+
+export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+export HWLOC_PLUGINS_PATH=${HWLOC_PLUGINS_PATH:-/nonexistent}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+out=$tmp/out
+# A shell stays the parent of each rank: it reaps a killed rank at once (a zombie would still look
+# alive to kill(pid, 0)) and ignores the SIGUSR1 that hydra sends the survivors of a dead rank.
+cat >"$tmp/wrap.sh" <<'WRAP'
+#!/usr/bin/env bash
+trap '' USR1
+"$@"
+WRAP
+chmod +x "$tmp/wrap.sh"
+
+mpiexec_flags=()
+if "$MPIEXEC" --version 2>&1 | grep -qi "open mpi\|openrte"; then
+  mpiexec_flags+=(--oversubscribe)
+  [ "$(id -u)" = 0 ] && mpiexec_flags+=(--allow-run-as-root)
+fi
+if "$MPIEXEC" --version 2>&1 | grep -qi hydra; then keep=(-disable-auto-cleanup); else keep=(--mca orte_abort_on_non_zero_status 0); fi
+
+passed=0
+failed=0
+pass() { echo "PASS $*"; passed=$((passed + 1)); }
+fail() { echo "FAIL $*"; failed=$((failed + 1)); }
+
+# ---- kill: a rank dies over shm ----
+for cfg in $KILLS; do
+  n=${cfg%%/*}
+  rest=${cfg#*/}
+  moment=${rest%%/*}
+  poll=0
+  [ "${rest#*/}" = poll ] && poll=1
+  dir=$tmp/kill-$n-$moment-$poll
+  mkdir -p "$dir"
+  echo "== test_netkill over shm: $n ranks, rank 1 killed $moment the all-reduce$([ $poll = 1 ] && echo ", poll mode")"
+  t0=$(date +%s)
+  TEST_KILL_RANK=1 TEST_KILL_MOMENT=$moment TEST_POLL=$poll TEST_NETKILL_DIR="$dir" \
+    TEST_KILL_MAX_S=5 GCOMM_TIMEOUT_MS=60000 timeout -k 5 120 "$MPIEXEC" "${mpiexec_flags[@]}" \
+    "${keep[@]}" -n "$n" "$tmp/wrap.sh" "$BUILD/test/test_netkill" >"$out" 2>&1
+  [ $? = 124 ] && fail "kill $cfg: the job hung"
+  for ((r = 0; r < n; r++)); do
+    [ "$r" = 1 ] && continue
+    if [ -s "$dir/rank$r" ]; then
+      sed -E "s#^(PASS|FAIL) netkill:#\1 kill shm $cfg:#" "$dir/rank$r" | cut -c1-400
+      if grep -q '^PASS' "$dir/rank$r"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    else
+      fail "kill $cfg: survivor rank $r reported nothing (crashed or hung?)"
+      tail -20 "$out"
+    fi
+  done
+  pids=$(cat "$dir"/seen* "$dir/victim" 2>/dev/null | tr '\n' '|')
+  left=$(ls /dev/shm | grep -E "^gcomm-(${pids%|})-" || true)
+  if [ -z "$left" ]; then pass "kill $cfg: nothing of the job left in /dev/shm"
+  else fail "kill $cfg: left in /dev/shm: $left"; fi
+  echo "== kill $cfg: $(($(date +%s) - t0)) s"
+done
+
+# ---- hang: one rank skips a collective; dumps from every rank; the tool names it ----
+dir=$tmp/hang
+mkdir -p "$dir"
+echo "== hang: 4 ranks, rank 2 skips a collective; dumps on SIGUSR2; tools/hang_report.py"
+GCOMM_TIMEOUT_MS=8000 GCOMM_PROXY_DUMP_SIGNAL=12 GCOMM_DEBUG_FILE="$dir/log.%h.%p" TEST_FAULT_HANG=2 \
+  TEST_FAULT_DIR="$dir" timeout -k 5 120 "$MPIEXEC" "${mpiexec_flags[@]}" -n 4 \
+  "$BUILD/test/test_fault" >"$out" 2>&1 &
+job=$!
+for _ in $(seq 300); do [ "$(ls "$dir"/pid.* 2>/dev/null | wc -l)" = 4 ] && break; sleep 0.1; done
+sleep 1 # the others are blocked in the sixth all-reduce now
+for f in "$dir"/pid.*; do kill -USR2 "$(cat "$f")" 2>/dev/null; done
+wait $job
+rc=$?
+grep -E '^(PASS|FAIL) ' "$out"
+passed=$((passed + $(grep -c '^PASS ' "$out")))
+failed=$((failed + $(grep -c '^FAIL ' "$out")))
+[ "$rc" = 0 ] || fail "hang: the job exited with status $rc"
+python3 "$here/../tools/hang_report.py" "$dir" >"$tmp/report" 2>&1
+rc=$?
+cat "$tmp/report"
+if [ "$rc" = 0 ] && grep -q '^verdict: .*: rank 2 behind' "$tmp/report"; then
+  pass "hang: tools/hang_report.py says rank 2 is behind, from the dumps of all 4 ranks"
+else
+  fail "hang: tools/hang_report.py did not name rank 2 (exit $rc)"
+fi
+
+# ---- soak ----
+echo "== test_soak: 4 ranks"
+t0=$(date +%s)
+TEST_SOAK=1 timeout -k 5 900 "$MPIEXEC" "${mpiexec_flags[@]}" -n 4 "$BUILD/test/test_soak" 2>&1 | tee "$out"
+rc=${PIPESTATUS[0]}
+passed=$((passed + $(grep -c '^PASS ' "$out")))
+failed=$((failed + $(grep -c '^FAIL ' "$out")))
+[ "$rc" = 0 ] || fail "soak: exited with status $rc"
+echo "== soak: $(($(date +%s) - t0)) s"
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
