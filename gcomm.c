@@ -81,6 +81,8 @@ static const gcommParamDef_t paramTable[] = {
      "libfabric provider, e.g. tcp or shm (default: the best found, tcp last; never shm)"},
     {"GCOMM_OFI_IFACE", "", PARAM_STR, PARAM_AT(ofiIface), NULL, 0, 0,
      "only use the provider's domain of this name (tcp: the interface, e.g. eth0 or lo)"},
+    {"GCOMM_NET_SHARED_BUFFERS", "1", PARAM_INT, PARAM_AT(netSharedBuffers), NULL, 0, 1,
+     "1: every network FIFO in one registered region; 0: one registration per FIFO"},
 #endif
 };
 #define NPARAMS ((int)(sizeof(paramTable) / sizeof(paramTable[0])))
