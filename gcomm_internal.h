@@ -65,9 +65,9 @@ typedef struct {
   int64_t timeoutMs;   /* GCOMM_TIMEOUT_MS */
   const char* hostId;  /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
-  int64_t netDisable;      /* GCOMM_NET_DISABLE */
-  const char* ofiProvider; /* GCOMM_OFI_PROVIDER, or NULL */
-  const char* ofiIface;    /* GCOMM_OFI_IFACE, or NULL */
+  int64_t netDisable;       /* GCOMM_NET_DISABLE */
+  const char* ofiProvider;  /* GCOMM_OFI_PROVIDER, or NULL */
+  const char* ofiIface;     /* GCOMM_OFI_IFACE, or NULL */
   int64_t netSharedBuffers; /* GCOMM_NET_SHARED_BUFFERS */
 #endif
 } gcommParams_t;

@@ -8,17 +8,18 @@
  * (e.g. pinned host memory mapped for a GPU). For a remote peer on one lane:
  *
  *   receiver: a fi_trecv is kept posted into every free slot, steps head .. head+STEPS-1. After
- *     posting, it tells the sender how far it has posted: a credit, a zero-byte fi_tinject whose
- *     tag carries the count. A completed receive records its byte count in fifo->bytes[] and tail
- *     advances over the contiguous prefix of completed steps (completions may come out of order).
- *     The executor drains slots and advances head; the next pass re-posts into freed slots.
- *   sender: the executor fills slot tail % STEPS and advances tail. Every pass posts fi_tsend for
- *     each step below both tail and the peer's credit; when a send completes its slot is free
- *     again and head advances (over the contiguous prefix of completed steps).
+ *     posting, it tells the sender how far it has posted: a credit, the count in an 8-byte
+ *     fi_tinject (no completion, no buffer to keep). A completed receive records its byte count in
+ * fifo->bytes[] and tail advances over the contiguous prefix of completed steps (completions may
+ * come out of order). The executor drains slots and advances head; the next pass re-posts into
+ * freed slots. sender: the executor fills slot tail % STEPS and advances tail. Every pass posts
+ * fi_tsend for each step below both tail and the peer's credit; when a send completes its slot is
+ * free again and head advances (over the contiguous prefix of completed steps).
  *
  * Flow control: a data message is only sent into a receive that is already posted, so nothing is
  * ever written into a slot the executor still reads, and no data message ever waits in the
- * provider's unexpected-message path (only credits can, a few zero-byte messages). Sends use the
+ * provider's unexpected-message path (only credits can: at most STEPS per connection, since the
+ * receiver posts no further than STEPS past the data the sender has sent). Sends use the
  * provider's default completion (the buffer is reusable), never FI_DELIVERY_COMPLETE: no extra
  * round trip per slot, and the shm provider (libfabric 1.17) sends FI_DELIVERY_COMPLETE messages
  * through its segmentation protocol, one message at a time per peer, whose zero-byte case never
@@ -27,10 +28,11 @@
  *
  * Tags (60 bits, the top 4 left to providers that reserve them):
  *   bit 56: credit          bits 36..55  sender's rank (20 bits)      bits 28..35  lane (8 bits)
- *   bits  0..27: data: the step modulo 2^28 (at most STEPS steps of a connection are in flight);
- *                credit: the receiver's posted count modulo 2^28 (credits only grow)
- * Receives are posted from FI_ADDR_UNSPEC: the tag names the sender. Data receives match exact
- * tags; a sender keeps one credit receive posted per connection, ignoring the count bits.
+ *   bits  0..27: data: the step modulo 2^28 (at most STEPS steps of a connection are in flight)
+ * Receives are posted from FI_ADDR_UNSPEC (the tag names the sender) for exact tags: the shm
+ * provider of libfabric 1.17 matches a new receive against already-arrived messages with the
+ * ignore mask of a stale entry, so a wildcard receive can miss them. A sender keeps one credit
+ * receive posted per connection, into its slot of a small registered array.
  *
  * Everything here runs on the progress engine (under comm->progressLock): the CQ is read only by
  * gcommNetProgress, called from progressPass; setup, connection and teardown run at init and
@@ -80,7 +82,8 @@ struct netConn {
   uint64_t done;   /* every step below is complete (send: = fifo->head; recv: = fifo->tail) */
   /* send: the peer has receives posted below this step; recv: the count last told the peer */
   uint64_t credit;
-  int creditPosted; /* send: the credit receive is posted */
+  int creditPosted;    /* send: the credit receive is posted */
+  uint64_t* creditBuf; /* send: where the credit receive lands (registered) */
   uint8_t complete[GCOMM_STEPS];
   netReq_t reqs[GCOMM_STEPS];
   netReq_t creditReq;
@@ -97,7 +100,10 @@ struct gcommNet {
   void* desc;
   char* region;
   size_t regionBytes;
-  uint64_t nextKey; /* requested keys, unique in this domain (without FI_MR_PROV_KEY) */
+  uint64_t nextKey;  /* requested keys, unique in this domain (without FI_MR_PROV_KEY) */
+  uint64_t* credits; /* [peer * nLanes + lane]: the credit receive of each sending connection */
+  struct fid_mr* creditMr;
+  void* creditDesc;
   fi_addr_t* addrs; /* [rank] */
   netConn_t** conns;
   int nConns, capConns;
@@ -202,6 +208,10 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   OFI_CHECK(fi_ep_bind(net->ep, &net->av->fid, 0));
   OFI_CHECK(fi_ep_bind(net->ep, &net->cq->fid, FI_TRANSMIT | FI_RECV));
   OFI_CHECK(fi_enable(net->ep));
+  if (net->info->tx_attr->inject_size < sizeof(uint64_t))
+    return GCOMM_ERROR(comm, gcommSystemError, -1,
+                       "provider %s cannot inject %zu bytes (credits need fi_tinject)",
+                       net->info->fabric_attr->prov_name, sizeof(uint64_t));
   return gcommSuccess;
 }
 
@@ -226,8 +236,7 @@ static size_t netFifoBytes(gcommComm_t comm) {
   return (b + 4095) & ~(size_t)4095;
 }
 
-gcommResult_t gcommNetConnect(gcommComm_t comm, gcommConn_t* conn, int peer, int lane,
-                              int isSend) {
+gcommResult_t gcommNetConnect(gcommComm_t comm, gcommConn_t* conn, int peer, int lane, int isSend) {
   struct gcommNet* net = comm->net;
   if (net == NULL || peer < 0 || peer >= comm->nranks || !isRemote(comm, peer) || lane < 0 ||
       lane >= comm->nLanes || conn->fifo == NULL || conn->slots == NULL || conn->slotBytes == 0)
@@ -248,6 +257,7 @@ gcommResult_t gcommNetConnect(gcommComm_t comm, gcommConn_t* conn, int peer, int
   nc->lane = lane;
   nc->isSend = isSend;
   nc->addr = net->addrs[peer];
+  nc->creditBuf = &net->credits[(size_t)peer * comm->nLanes + lane];
   size_t len = GCOMM_STEPS * conn->slotBytes;
   uintptr_t at = (uintptr_t)conn->slots, region = (uintptr_t)net->region;
   if (net->region != NULL && at >= region && at + len <= region + net->regionBytes) {
@@ -274,8 +284,8 @@ static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, in
         mmap(NULL, net->regionBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (net->region == MAP_FAILED) {
       net->region = NULL;
-      return GCOMM_ERROR(comm, gcommSystemError, -1,
-                         "out of memory for %zu bytes of network FIFOs", net->regionBytes);
+      return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory for %zu bytes of network FIFOs",
+                         net->regionBytes);
     }
     GCOMM_CHECK(regMem(comm, net, net->region, net->regionBytes, &net->mr, &net->desc));
   }
@@ -286,9 +296,9 @@ static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, in
       for (int isSend = 1; isSend >= 0; isSend--, k++) {
         gcommConn_t* c = isSend ? &comm->sendConns[lane * comm->nranks + p]
                                 : &comm->recvConns[lane * comm->nranks + p];
-        char* base = shared ? net->region + (size_t)k * fb
-                            : mmap(NULL, fb, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                                   -1, 0);
+        char* base =
+            shared ? net->region + (size_t)k * fb
+                   : mmap(NULL, fb, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (base == MAP_FAILED)
           return GCOMM_ERROR(comm, gcommSystemError, p, "out of memory for a network FIFO");
         c->fifo = (gcommFifo_t*)base;
@@ -326,9 +336,8 @@ static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t*
   if (!nc->creditPosted) {
     nc->creditReq.nc = nc;
     nc->creditReq.isCredit = 1;
-    ssize_t rc = fi_trecv(net->ep, NULL, 0, NULL, FI_ADDR_UNSPEC,
-                          TAG_CREDIT | makeTag(nc->peer, nc->lane, 0), TAG_STEP_MASK,
-                          &nc->creditReq.ctx);
+    ssize_t rc = fi_trecv(net->ep, nc->creditBuf, sizeof(uint64_t), net->creditDesc, FI_ADDR_UNSPEC,
+                          TAG_CREDIT | makeTag(nc->peer, nc->lane, 0), 0, &nc->creditReq.ctx);
     if (rc == 0) nc->creditPosted = 1;
     if (rc != 0 && rc != -FI_EAGAIN) return postFailed(comm, nc, "fi_trecv (credit)", 0, rc);
   }
@@ -361,17 +370,17 @@ static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t*
     netReq_t* req = &nc->reqs[slot];
     req->nc = nc;
     req->step = s;
-    ssize_t rc = fi_trecv(net->ep, nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
-                          nc->conn->slotBytes, nc->desc, FI_ADDR_UNSPEC,
-                          makeTag(nc->peer, nc->lane, s), 0, &req->ctx);
+    ssize_t rc =
+        fi_trecv(net->ep, nc->conn->slots + (size_t)slot * nc->conn->slotBytes, nc->conn->slotBytes,
+                 nc->desc, FI_ADDR_UNSPEC, makeTag(nc->peer, nc->lane, s), 0, &req->ctx);
     if (rc == -FI_EAGAIN) break;
     if (rc != 0) return postFailed(comm, nc, "fi_trecv", s, rc);
     __atomic_store_n(&nc->posted, s + 1, __ATOMIC_RELAXED); /* gcommNetSendsPending reads it */
     *moved = 1;
   }
   if (nc->credit != nc->posted) {
-    ssize_t rc = fi_tinject(net->ep, NULL, 0, nc->addr,
-                            TAG_CREDIT | makeTag(comm->rank, nc->lane, nc->posted));
+    ssize_t rc = fi_tinject(net->ep, &nc->posted, sizeof(uint64_t), nc->addr,
+                            TAG_CREDIT | makeTag(comm->rank, nc->lane, 0));
     if (rc == 0) __atomic_store_n(&nc->credit, nc->posted, __ATOMIC_RELAXED);
     if (rc != 0 && rc != -FI_EAGAIN) return postFailed(comm, nc, "fi_tinject (credit)", 0, rc);
   }
@@ -394,11 +403,9 @@ static void completeData(netReq_t* req, size_t len) {
     __atomic_store_n(&f->tail, nc->done, __ATOMIC_RELEASE);
 }
 
-/* A credit's count modulo 2^28: only a count ahead of the one known moves it (credits that
- * overtook each other do not). */
-static void completeCredit(netConn_t* nc, uint64_t tag) {
-  uint64_t ahead = ((tag & TAG_STEP_MASK) - nc->credit) & TAG_STEP_MASK;
-  if (ahead < TAG_STEP_MASK / 2) nc->credit += ahead;
+/* Credits only grow: one that overtook a later one changes nothing. */
+static void completeCredit(netConn_t* nc) {
+  if (*nc->creditBuf > nc->credit) nc->credit = *nc->creditBuf;
   nc->creditPosted = 0;
 }
 
@@ -430,7 +437,7 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
       const char* what = fi_cq_strerror(net->cq, e.prov_errno, e.err_data, buf, sizeof(buf));
       return GCOMM_ERROR(comm, gcommRemoteError, peer,
                          "network %s %s rank %d failed on lane %d step %llu: %s (%s)",
-                         req && req->isCredit ? "credit"
+                         req && req->isCredit     ? "credit"
                          : req && req->nc->isSend ? "send"
                                                   : "receive",
                          req && req->nc->isSend ? "to" : "from", peer, req ? req->nc->lane : -1,
@@ -442,7 +449,7 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
     for (ssize_t k = 0; k < n; k++) {
       netReq_t* req = (netReq_t*)ent[k].op_context;
       if (req->isCredit) {
-        completeCredit(req->nc, ent[k].tag);
+        completeCredit(req->nc);
         continue;
       }
       if (!req->nc->isSend && ent[k].len > req->nc->conn->slotBytes)
@@ -495,8 +502,13 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
   }
   comm->net = net;
   net->addrs = calloc(comm->nranks, sizeof(fi_addr_t));
-  gcommResult_t res = net->addrs ? openFabric(comm, net)
-                                 : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  net->credits = calloc((size_t)comm->nranks * comm->nLanes, sizeof(uint64_t));
+  gcommResult_t res = net->addrs && net->credits
+                          ? openFabric(comm, net)
+                          : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  if (res == gcommSuccess)
+    res = regMem(comm, net, net->credits, (size_t)comm->nranks * comm->nLanes * sizeof(uint64_t),
+                 &net->creditMr, &net->creditDesc);
 
   /* every rank takes part in the exchange, failed or not, so that none waits alone */
   memset(&mine, 0, sizeof(mine));
@@ -546,6 +558,7 @@ void gcommNetFree(gcommComm_t comm) {
     free(nc);
   }
   if (net->mr) fi_close(&net->mr->fid);
+  if (net->creditMr) fi_close(&net->creditMr->fid);
   if (net->av) fi_close(&net->av->fid);
   if (net->cq) fi_close(&net->cq->fid);
   if (net->domain) fi_close(&net->domain->fid);
@@ -554,6 +567,7 @@ void gcommNetFree(gcommComm_t comm) {
   if (net->region) munmap(net->region, net->regionBytes);
   free(net->conns);
   free(net->addrs);
+  free(net->credits);
   free(net);
   comm->net = NULL;
 }
