@@ -206,8 +206,9 @@ gcommResult_t gcommNetSetup(gcommComm_t comm);
  * slots of conn->slotBytes, the same size on both sides) and conn->peer. Any host memory the
  * provider can register works: malloc'd, or pinned and mapped for a GPU, whose kernel then fills
  * and drains slots with the usual protocol (payload and bytes[] before tail/head, with release
- * at system scope). The edge moves by gcommNetProgress like the host FIFOs; both ranks connect
- * the same (peer, lane) edges, in either order: nothing is sent before the receiver's credit. */
+ * at system scope). The edge moves by gcommNetProgress like the host FIFOs. Both ranks connect
+ * the same (peer, lane) edges, then meet in a barrier before either sends (receives for the
+ * first GCOMM_STEPS steps are posted here; later ones are announced by credits). */
 gcommResult_t gcommNetConnect(gcommComm_t comm, gcommConn_t* conn, int peer, int lane, int isSend);
 /* The proxy's network half, run by progressPass only: posts sends of filled slots the receiver
  * has receives for, receives into free slots and the credits that announce them, reads the

@@ -7,14 +7,17 @@
  * GCOMM_NET_SHARED_BUFFERS), and gcommNetConnect takes any FIFO in host memory the caller owns
  * (e.g. pinned host memory mapped for a GPU). For a remote peer on one lane:
  *
- *   receiver: a fi_trecv is kept posted into every free slot, steps head .. head+STEPS-1. After
- *     posting, it tells the sender how far it has posted: a credit, the count in an 8-byte
- *     fi_tinject (no completion, no buffer to keep). A completed receive records its byte count in
- * fifo->bytes[] and tail advances over the contiguous prefix of completed steps (completions may
- * come out of order). The executor drains slots and advances head; the next pass re-posts into
- * freed slots. sender: the executor fills slot tail % STEPS and advances tail. Every pass posts
- * fi_tsend for each step below both tail and the peer's credit; when a send completes its slot is
- * free again and head advances (over the contiguous prefix of completed steps).
+ * Receiver: a fi_trecv is kept posted into every free slot, steps head .. head+STEPS-1. After
+ * posting, it tells the sender how far it has posted: a credit, the count in an 8-byte fi_tinject
+ * (no completion, no buffer to keep). The first STEPS receives are posted when the edge is
+ * connected, before the ranks' barrier, so the sender starts with STEPS credits. A completed
+ * receive records its byte count in fifo->bytes[] and tail advances over the contiguous prefix of
+ * completed steps (completions may come out of order). The executor drains slots and advances
+ * head; the next pass re-posts into the freed slots.
+ *
+ * Sender: the executor fills slot tail % STEPS and advances tail. Every pass posts fi_tsend for
+ * each step below both tail and the peer's credit; when a send completes its slot is free again
+ * and head advances (over the contiguous prefix of completed steps).
  *
  * Flow control: a data message is only sent into a receive that is already posted, so nothing is
  * ever written into a slot the executor still reads, and no data message ever waits in the
@@ -236,94 +239,6 @@ static size_t netFifoBytes(gcommComm_t comm) {
   return (b + 4095) & ~(size_t)4095;
 }
 
-gcommResult_t gcommNetConnect(gcommComm_t comm, gcommConn_t* conn, int peer, int lane, int isSend) {
-  struct gcommNet* net = comm->net;
-  if (net == NULL || peer < 0 || peer >= comm->nranks || !isRemote(comm, peer) || lane < 0 ||
-      lane >= comm->nLanes || conn->fifo == NULL || conn->slots == NULL || conn->slotBytes == 0)
-    return GCOMM_ERROR(comm, gcommInternalError, peer,
-                       "gcommNetConnect: no network edge to rank %d lane %d (%s)", peer, lane,
-                       net == NULL ? "no endpoint: every rank on one node" : "bad arguments");
-  if (net->nConns == net->capConns) {
-    int cap = net->capConns ? 2 * net->capConns : 64;
-    netConn_t** c = realloc(net->conns, (size_t)cap * sizeof(*c));
-    if (c == NULL) return GCOMM_ERROR(comm, gcommSystemError, peer, "out of memory");
-    net->conns = c;
-    net->capConns = cap;
-  }
-  netConn_t* nc = calloc(1, sizeof(*nc));
-  if (nc == NULL) return GCOMM_ERROR(comm, gcommSystemError, peer, "out of memory");
-  nc->conn = conn;
-  nc->peer = peer;
-  nc->lane = lane;
-  nc->isSend = isSend;
-  nc->addr = net->addrs[peer];
-  nc->creditBuf = &net->credits[(size_t)peer * comm->nLanes + lane];
-  size_t len = GCOMM_STEPS * conn->slotBytes;
-  uintptr_t at = (uintptr_t)conn->slots, region = (uintptr_t)net->region;
-  if (net->region != NULL && at >= region && at + len <= region + net->regionBytes) {
-    nc->desc = net->desc;
-  } else {
-    gcommResult_t res = regMem(comm, net, conn->slots, len, &nc->mr, &nc->desc);
-    if (res != gcommSuccess) {
-      free(nc);
-      return res;
-    }
-  }
-  net->conns[net->nConns++] = nc;
-  return gcommSuccess;
-}
-
-/* The host communicator's FIFOs for every remote peer and lane, [peer][lane][send, recv]: in one
- * registered region (GCOMM_NET_SHARED_BUFFERS=1), or one mapping and registration each. */
-static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, int nRemote) {
-  size_t fb = netFifoBytes(comm);
-  int shared = comm->params.netSharedBuffers != 0;
-  if (shared) {
-    net->regionBytes = fb * (size_t)nRemote * comm->nLanes * 2;
-    net->region =
-        mmap(NULL, net->regionBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (net->region == MAP_FAILED) {
-      net->region = NULL;
-      return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory for %zu bytes of network FIFOs",
-                         net->regionBytes);
-    }
-    GCOMM_CHECK(regMem(comm, net, net->region, net->regionBytes, &net->mr, &net->desc));
-  }
-  int k = 0;
-  for (int p = 0; p < comm->nranks; p++) {
-    if (!isRemote(comm, p)) continue;
-    for (int lane = 0; lane < comm->nLanes; lane++) {
-      for (int isSend = 1; isSend >= 0; isSend--, k++) {
-        gcommConn_t* c = isSend ? &comm->sendConns[lane * comm->nranks + p]
-                                : &comm->recvConns[lane * comm->nranks + p];
-        char* base =
-            shared ? net->region + (size_t)k * fb
-                   : mmap(NULL, fb, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (base == MAP_FAILED)
-          return GCOMM_ERROR(comm, gcommSystemError, p, "out of memory for a network FIFO");
-        c->fifo = (gcommFifo_t*)base;
-        c->slots = base + sizeof(gcommFifo_t);
-        c->step = 0;
-        c->slotBytes = comm->slotBytes;
-        c->peer = p;
-        gcommResult_t res = gcommNetConnect(comm, c, p, lane, isSend);
-        if (!shared && res == gcommSuccess) {
-          net->conns[net->nConns - 1]->ownMem = base;
-          net->conns[net->nConns - 1]->ownBytes = fb;
-        } else if (!shared) {
-          munmap(base, fb);
-        }
-        GCOMM_CHECK(res);
-      }
-    }
-  }
-  GCOMM_INFO(GCOMM_SUBSYS_NET | GCOMM_SUBSYS_INIT, comm,
-             "%d remote ranks, %d network FIFOs of %zu bytes, %s (provider %s)", nRemote, k, fb,
-             shared ? "one registered region" : "registered one by one",
-             net->info->fabric_attr->prov_name);
-  return gcommSuccess;
-}
-
 static gcommResult_t postFailed(gcommComm_t comm, netConn_t* nc, const char* what, uint64_t step,
                                 ssize_t rc) {
   return GCOMM_ERROR(comm, gcommSystemError, nc->peer, "%s to/from rank %d lane %d step %llu: %s",
@@ -384,6 +299,111 @@ static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t*
     if (rc == 0) __atomic_store_n(&nc->credit, nc->posted, __ATOMIC_RELAXED);
     if (rc != 0 && rc != -FI_EAGAIN) return postFailed(comm, nc, "fi_tinject (credit)", 0, rc);
   }
+  return gcommSuccess;
+}
+
+gcommResult_t gcommNetConnect(gcommComm_t comm, gcommConn_t* conn, int peer, int lane, int isSend) {
+  struct gcommNet* net = comm->net;
+  if (net == NULL || peer < 0 || peer >= comm->nranks || !isRemote(comm, peer) || lane < 0 ||
+      lane >= comm->nLanes || conn->fifo == NULL || conn->slots == NULL || conn->slotBytes == 0)
+    return GCOMM_ERROR(comm, gcommInternalError, peer,
+                       "gcommNetConnect: no network edge to rank %d lane %d (%s)", peer, lane,
+                       net == NULL ? "no endpoint: every rank on one node" : "bad arguments");
+  if (net->nConns == net->capConns) {
+    int cap = net->capConns ? 2 * net->capConns : 64;
+    netConn_t** c = realloc(net->conns, (size_t)cap * sizeof(*c));
+    if (c == NULL) return GCOMM_ERROR(comm, gcommSystemError, peer, "out of memory");
+    net->conns = c;
+    net->capConns = cap;
+  }
+  netConn_t* nc = calloc(1, sizeof(*nc));
+  if (nc == NULL) return GCOMM_ERROR(comm, gcommSystemError, peer, "out of memory");
+  nc->conn = conn;
+  nc->peer = peer;
+  nc->lane = lane;
+  nc->isSend = isSend;
+  nc->addr = net->addrs[peer];
+  nc->creditBuf = &net->credits[(size_t)peer * comm->nLanes + lane];
+  size_t len = GCOMM_STEPS * conn->slotBytes;
+  uintptr_t at = (uintptr_t)conn->slots, region = (uintptr_t)net->region;
+  if (net->region != NULL && at >= region && at + len <= region + net->regionBytes) {
+    nc->desc = net->desc;
+  } else {
+    gcommResult_t res = regMem(comm, net, conn->slots, len, &nc->mr, &nc->desc);
+    if (res != gcommSuccess) {
+      free(nc);
+      return res;
+    }
+  }
+  /* the first STEPS receives now, before the caller's barrier: the sender starts with that
+   * credit and no message needs to tell it */
+  nc->credit = GCOMM_STEPS;
+  if (!isSend) {
+    int moved = 0;
+    gcommResult_t res = postRecv(comm, net, nc, &moved);
+    if (res == gcommSuccess && nc->posted != GCOMM_STEPS)
+      res = GCOMM_ERROR(comm, gcommSystemError, peer,
+                        "provider %s took only %llu of the first %d receives from rank %d",
+                        net->info->fabric_attr->prov_name, (unsigned long long)nc->posted,
+                        GCOMM_STEPS, peer);
+    if (res != gcommSuccess) {
+      if (nc->mr) fi_close(&nc->mr->fid);
+      free(nc);
+      return res;
+    }
+  }
+  net->conns[net->nConns++] = nc;
+  return gcommSuccess;
+}
+
+/* The host communicator's FIFOs for every remote peer and lane, [peer][lane][send, recv]: in one
+ * registered region (GCOMM_NET_SHARED_BUFFERS=1), or one mapping and registration each. */
+static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, int nRemote) {
+  size_t fb = netFifoBytes(comm);
+  int shared = comm->params.netSharedBuffers != 0;
+  if (shared) {
+    net->regionBytes = fb * (size_t)nRemote * comm->nLanes * 2;
+    net->region =
+        mmap(NULL, net->regionBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (net->region == MAP_FAILED) {
+      net->region = NULL;
+      return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory for %zu bytes of network FIFOs",
+                         net->regionBytes);
+    }
+    GCOMM_CHECK(regMem(comm, net, net->region, net->regionBytes, &net->mr, &net->desc));
+  }
+  int k = 0;
+  for (int p = 0; p < comm->nranks; p++) {
+    if (!isRemote(comm, p)) continue;
+    for (int lane = 0; lane < comm->nLanes; lane++) {
+      for (int isSend = 1; isSend >= 0; isSend--, k++) {
+        gcommConn_t* c = isSend ? &comm->sendConns[lane * comm->nranks + p]
+                                : &comm->recvConns[lane * comm->nranks + p];
+        char* base =
+            shared ? net->region + (size_t)k * fb
+                   : mmap(NULL, fb, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED)
+          return GCOMM_ERROR(comm, gcommSystemError, p, "out of memory for a network FIFO");
+        c->fifo = (gcommFifo_t*)base;
+        c->slots = base + sizeof(gcommFifo_t);
+        c->step = 0;
+        c->slotBytes = comm->slotBytes;
+        c->peer = p;
+        gcommResult_t res = gcommNetConnect(comm, c, p, lane, isSend);
+        if (!shared && res == gcommSuccess) {
+          net->conns[net->nConns - 1]->ownMem = base;
+          net->conns[net->nConns - 1]->ownBytes = fb;
+        } else if (!shared) {
+          munmap(base, fb);
+        }
+        GCOMM_CHECK(res);
+      }
+    }
+  }
+  GCOMM_INFO(GCOMM_SUBSYS_NET | GCOMM_SUBSYS_INIT, comm,
+             "%d remote ranks, %d network FIFOs of %zu bytes, %s (provider %s)", nRemote, k, fb,
+             shared ? "one registered region" : "registered one by one",
+             net->info->fabric_attr->prov_name);
   return gcommSuccess;
 }
 
