@@ -932,8 +932,14 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   }
 #endif
   comm->nLanes = comm->nChannels + comm->nP2pChannels;
-  comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
   GCOMM_CHECK(detectNode(comm, &hostId));
+#ifdef GCOMM_OFI
+  /* between nodes, slots bigger than what providers copy through bounce buffers (tcp: 128 KB)
+   * move with fewer copies and less CPU per byte (docs/PERF.md) */
+  if (comm->nLocal < comm->nranks && getenv("GCOMM_BUFFSIZE") == NULL)
+    comm->params.buffSize = 4 << 20;
+#endif
+  comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
 
   memset(&card, 0, sizeof(card));
   card.hostId = hostId;
