@@ -88,6 +88,8 @@ static const gcommParamDef_t paramTable[] = {
      "libfabric provider, e.g. tcp or shm (default: the best found, tcp last; never shm)"},
     {"GCOMM_OFI_IFACE", "", PARAM_STR, PARAM_AT(ofiIface), NULL, 0, 0,
      "only use the provider's domain of this name (tcp: the interface, e.g. eth0 or lo)"},
+    {"GCOMM_NET_SHARED_BUFFERS", "1", PARAM_INT, PARAM_AT(netSharedBuffers), NULL, 0, 1,
+     "1: every network FIFO in one registered region; 0: one registration per FIFO"},
 #endif
 };
 #define NPARAMS ((int)(sizeof(paramTable) / sizeof(paramTable[0])))
@@ -329,10 +331,11 @@ uint64_t gcommNowNs(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Waiting politely: spin a few microseconds, then yield the core, then sleep for a fraction of
- * the time already waited (at most 1 ms, so that an abort or a deadline is seen quickly). Many
- * ranks share few cores in tests. *idleSince is 0 while things move. Returns microseconds idle. */
-static uint64_t backoff(uint64_t* idleSince) {
+/* Waiting politely: spin a few microseconds, then yield the core, then (when mayNap) sleep for a
+ * fraction of the time already waited (at most 1 ms, so that an abort or a deadline is seen
+ * quickly). Many ranks share few cores in tests. *idleSince is 0 while things move. Returns
+ * microseconds idle. */
+static uint64_t backoff(uint64_t* idleSince, int mayNap) {
   uint64_t now = gcommNowNs();
   if (*idleSince == 0) *idleSince = now;
   uint64_t us = (now - *idleSince) / 1000;
@@ -340,7 +343,7 @@ static uint64_t backoff(uint64_t* idleSince) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
-  } else if (us < 2000) {
+  } else if (us < 2000 || !mayNap) {
     sched_yield();
   } else {
     struct timespec ts = {0, (long)(us / 16 < 1000 ? us / 16 : 1000) * 1000};
@@ -900,6 +903,18 @@ static int netPending(gcommComm_t comm) {
 #endif
 }
 
+/* Whether the network may be moving data for this communicator (works active, or slots and
+ * credits not yet sent). Most providers (tcp) progress only when polled: the engine yields the
+ * core then, but never naps. Run under progressLock. */
+static int netBusy(gcommComm_t comm) {
+#ifdef GCOMM_OFI
+  return comm->net != NULL && (comm->nActiveWorks > 0 || gcommNetSendsPending(comm));
+#else
+  (void)comm;
+  return 0;
+#endif
+}
+
 /* A relative deadline for pthread_cond_timedwait. */
 static struct timespec deadlineIn(long ns) {
   struct timespec ts;
@@ -919,9 +934,10 @@ static void* progressThread(void* arg) {
       idleSince = 0;
       continue;
     }
+    int mayNap = !netBusy(comm);
     pthread_mutex_unlock(&comm->progressLock);
     /* waiting on peers: back off. Nothing at all to do for a while: sleep until a post. */
-    if (backoff(&idleSince) > 1000 && comm->nActiveWorks == 0 && !netPending(comm)) {
+    if (backoff(&idleSince, mayNap) > 1000 && comm->nActiveWorks == 0 && !netPending(comm)) {
       pthread_mutex_lock(&comm->postLock);
       if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
         struct timespec ts = deadlineIn(100 * 1000000); /* wake now and then for dumps */
@@ -1086,8 +1102,14 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   }
 #endif
   comm->nLanes = comm->nChannels + comm->nP2pChannels;
-  comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
   GCOMM_CHECK(detectNode(comm, &hostId));
+#ifdef GCOMM_OFI
+  /* between nodes, slots bigger than what providers copy through bounce buffers (tcp: 128 KB)
+   * move with fewer copies and less CPU per byte (docs/PERF.md) */
+  if (comm->nLocal < comm->nranks && getenv("GCOMM_BUFFSIZE") == NULL)
+    comm->params.buffSize = 4 << 20;
+#endif
+  comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
 
   memset(&card, 0, sizeof(card));
   card.hostId = hostId;
@@ -1915,13 +1937,13 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
           (long long)comm->params.timeoutMs);
     if (poll) {
       pthread_mutex_lock(&comm->progressLock);
-      int moved = progressPass(comm);
+      int moved = progressPass(comm), mayNap = !netBusy(comm);
       pthread_mutex_unlock(&comm->progressLock);
       if (moved)
         idleSince = 0;
       else
-        backoff(&idleSince);
-    } else if (backoff(&idleSince) > 1000) {
+        backoff(&idleSince, mayNap);
+    } else if (backoff(&idleSince, 1) > 1000) {
       /* long waits sleep until the engine finishes something (or 1 ms, to see aborts) */
       struct timespec ts = deadlineIn(1000000);
       pthread_mutex_lock(&comm->doneLock);

@@ -69,9 +69,10 @@ typedef struct {
   int64_t checkMismatch; /* GCOMM_CHECK_MISMATCH */
   const char* hostId;    /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
-  int64_t netDisable;      /* GCOMM_NET_DISABLE */
-  const char* ofiProvider; /* GCOMM_OFI_PROVIDER, or NULL */
-  const char* ofiIface;    /* GCOMM_OFI_IFACE, or NULL */
+  int64_t netDisable;       /* GCOMM_NET_DISABLE */
+  const char* ofiProvider;  /* GCOMM_OFI_PROVIDER, or NULL */
+  const char* ofiIface;     /* GCOMM_OFI_IFACE, or NULL */
+  int64_t netSharedBuffers; /* GCOMM_NET_SHARED_BUFFERS */
 #endif
   /* GCOMM_PROFILER_PLUGIN, or NULL */
   const char* profilerPlugin;
@@ -260,14 +261,26 @@ void gcommShmFree(gcommComm_t comm);
 #ifdef GCOMM_OFI
 /* ---- Network transport (transports/net_ofi.c, make OFI=1) ---- */
 /* Collective over the communicator (one MPI_Allgather of fabric addresses) when any two ranks are
- * on different nodes: opens the endpoint and points every remote peer's connections at FIFOs in
- * this rank's registered memory. Nothing when all ranks share a node. */
+ * on different nodes: opens the endpoint and, for a host communicator, connects every remote
+ * peer's connections on every lane to FIFOs in this rank's registered memory. Nothing when all
+ * ranks share a node. */
 gcommResult_t gcommNetSetup(gcommComm_t comm);
-/* The proxy's network half, run by progressPass only: posts sends of filled slots and receives
- * into free ones, reads the completion queue, advances head (sends) and tail (receives). Sets
- * *moved when anything happened. An error completion names the peer. */
+/* Connects one network edge (to or from remote rank peer, on lane) on a FIFO in host memory the
+ * caller owns and keeps until gcommCommDestroy: conn->fifo (zeroed), conn->slots (GCOMM_STEPS
+ * slots of conn->slotBytes, the same size on both sides) and conn->peer. Any host memory the
+ * provider can register works: malloc'd, or pinned and mapped for a GPU, whose kernel then fills
+ * and drains slots with the usual protocol (payload and bytes[] before tail/head, with release
+ * at system scope). The edge moves by gcommNetProgress like the host FIFOs. Both ranks connect
+ * the same (peer, lane) edges, then meet in a barrier before either sends (receives for the
+ * first GCOMM_STEPS steps are posted here; later ones are announced by credits). */
+gcommResult_t gcommNetConnect(gcommComm_t comm, gcommConn_t* conn, int peer, int lane, int isSend);
+/* The proxy's network half, run by progressPass only: posts sends of filled slots the receiver
+ * has receives for, receives into free slots and the credits that announce them, reads the
+ * completion queue, advances head (sends) and tail (receives). Sets *moved when anything
+ * happened. An error completion names the peer. */
 gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved);
-/* Whether slots handed to the network have not all been delivered (0 once the comm failed). */
+/* Whether filled slots are not all sent or credits not all told (0 once the comm failed): the
+ * engine must keep running for them even when every operation has finished. */
 int gcommNetSendsPending(gcommComm_t comm);
 void gcommNetFree(gcommComm_t comm);
 #endif

@@ -10,8 +10,11 @@
 # Last: GCOMM_NET_DISABLE=1 must refuse the remote ranks.
 #
 # Environment: BUILD (default build-ofi; built with `make OFI=1 BUILD=build-ofi`), MPIEXEC,
-#   TEST_NET_CONFIGS  provider:nodes x ranks-per-node list (default "tcp:2x1 tcp:2x2 shm:3x1")
-#   TEST_NET_KILLS    the same for the kill test (default "tcp:2x2 shm:2x2 tcp:3x1/poll")
+#   TEST_NET_CONFIGS  provider:nodes x ranks-per-node list, each optionally followed by /unshared
+#                     (GCOMM_NET_SHARED_BUFFERS=0) (default "tcp:2x1 tcp:2x2 shm:2x2/unshared
+#                     shm:3x1 tcp:4x1")
+#   TEST_NET_KILLS    the same for the kill test, /poll for a polled communicator (default
+#                     "tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll")
 #   (an empty TEST_NET_CONFIGS or TEST_NET_KILLS skips that part)
 #   TEST_NET_PROGS    correctness programs (default "test_coll test_p2p")
 #   TEST_TIMEOUT      seconds one run may take (default 900)
@@ -20,8 +23,8 @@ set -u
 BUILD=${BUILD:-build-ofi}
 MPIEXEC=${MPIEXEC:-mpiexec}
 TIMEOUT=${TEST_TIMEOUT:-900}
-CONFIGS=${TEST_NET_CONFIGS-"tcp:2x1 tcp:2x2 shm:3x1"}
-KILLS=${TEST_NET_KILLS-"tcp:2x2 shm:2x2 tcp:3x1/poll"}
+CONFIGS=${TEST_NET_CONFIGS-"tcp:2x1 tcp:2x2 shm:2x2/unshared shm:3x1 tcp:4x1"}
+KILLS=${TEST_NET_KILLS-"tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll"}
 PROGS=${TEST_NET_PROGS:-"test_coll test_p2p"}
 here=$(cd "$(dirname "$0")" && pwd)
 
@@ -56,11 +59,12 @@ passed=0
 failed=0
 fail() { echo "FAIL $*"; failed=$((failed + 1)); }
 
-# config "prov:NxR[/poll]" -> provider, nodes, ranks per node, poll
+# config "prov:NxR[/poll][/unshared]" -> provider, nodes, ranks per node, poll, shared buffers
 parse() {
   prov=${1%%:*}
   local shape=${1#*:}
-  poll=0
+  poll=0 shared=1
+  case $shape in */unshared) shared=0 shape=${shape%/unshared} ;; esac
   case $shape in */poll) poll=1 shape=${shape%/poll} ;; esac
   nodes=${shape%x*}
   rpn=${shape#*x}
@@ -68,16 +72,16 @@ parse() {
 }
 
 provenv() {
-  echo "GCOMM_OFI_PROVIDER=$1 TEST_NET_RPN=$2"
+  echo "GCOMM_OFI_PROVIDER=$prov TEST_NET_RPN=$rpn GCOMM_NET_SHARED_BUFFERS=$shared"
 }
 
 for cfg in $CONFIGS; do
   parse "$cfg"
   for prog in $PROGS; do
     [ -x "$BUILD/test/$prog" ] || { fail "$prog: not built in $BUILD/test"; continue; }
-    echo "== $prog over $prov: $nodes pretend nodes x $rpn ranks"
+    echo "== $prog over $prov: $nodes pretend nodes x $rpn ranks$([ $shared = 0 ] && echo ", a registration per FIFO")"
     t0=$(date +%s)
-    env $(provenv "$prov" "$rpn") timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" \
+    env $(provenv) timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" \
       -n "$n" "$tmp/node.sh" "$BUILD/test/$prog" 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     p=$(grep -c '^PASS ' "$out")
@@ -101,7 +105,7 @@ for cfg in $KILLS; do
   mkdir -p "$dir"
   echo "== test_netkill over $prov: $nodes pretend nodes x $rpn ranks, rank $victim killed$([ $poll = 1 ] && echo ", poll mode")"
   t0=$(date +%s)
-  env $(provenv "$prov" "$rpn") TEST_KILL_RANK=$victim TEST_POLL=$poll TEST_NETKILL_DIR="$dir" \
+  env $(provenv) TEST_KILL_RANK=$victim TEST_POLL=$poll TEST_NETKILL_DIR="$dir" \
     GCOMM_TIMEOUT_MS=3000 timeout -k 5 120 "$MPIEXEC" "${mpiexec_flags[@]}" "${keep[@]}" -n "$n" \
     "$tmp/node.sh" "$BUILD/test/test_netkill" >"$out" 2>&1
   rc=$?

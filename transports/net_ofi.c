@@ -2,33 +2,47 @@
  * transports/net_ofi.c - connections to ranks on other nodes through libfabric (make OFI=1).
  *
  * The executor only sees FIFOs, the same gcommFifo_t as shared memory; this file is the proxy
- * that moves FIFO slots over the network. For a remote peer on one lane:
+ * that moves FIFO slots over the network. It does not care who allocated a FIFO: the host
+ * communicator's come from one registered region of this file (or one mapping each, see
+ * GCOMM_NET_SHARED_BUFFERS), and gcommNetConnect takes any FIFO in host memory the caller owns
+ * (e.g. pinned host memory mapped for a GPU). For a remote peer on one lane:
  *
- *   sender's FIFO, in the sender's own (registered) memory: the executor fills slot tail % STEPS
- *     and advances tail. Every progress pass posts fi_tsend for each slot between `posted` and
- *     tail; when a send completes, the slot is free again and head advances (over the
- *     contiguous prefix of completed steps: completions may come out of order).
- *   receiver's FIFO, in the receiver's (registered) memory: a fi_trecv is kept posted into every
- *     free slot, steps head .. head+STEPS-1. A completed receive records its byte count in
- *     fifo->bytes[] and tail advances over the contiguous prefix of completed steps. The executor
- *     drains slots and advances head; the next pass re-posts receives into the freed slots.
+ * Receiver: a fi_trecv is kept posted into every free slot, steps head .. head+STEPS-1. After
+ * posting, it tells the sender how far it has posted: a credit, the count in an 8-byte fi_tinject
+ * (no completion, no buffer to keep). The first STEPS receives are posted when the edge is
+ * connected, before the ranks' barrier, so the sender starts with STEPS credits. A completed
+ * receive records its byte count in fifo->bytes[] and tail advances over the contiguous prefix of
+ * completed steps (completions may come out of order). The executor drains slots and advances
+ * head; the next pass re-posts into the freed slots.
  *
- * Flow control: a sender has at most STEPS unfinished sends per connection, and sends are posted
- * with FI_DELIVERY_COMPLETE where the provider has it (a send completes only once it has landed
- * in the posted receive, which the receiver posts only into a free slot). A message that arrives
- * before its receive is posted waits in the provider's unexpected-message path; nothing is ever
- * written into a slot the executor still reads.
+ * Sender: the executor fills slot tail % STEPS and advances tail. Every pass posts fi_tsend for
+ * each step below both tail and the peer's credit; when a send completes its slot is free again
+ * and head advances (over the contiguous prefix of completed steps).
+ *
+ * Flow control: a data message is only sent into a receive that is already posted, so nothing is
+ * ever written into a slot the executor still reads, and no data message ever waits in the
+ * provider's unexpected-message path (only credits can: at most STEPS per connection, since the
+ * receiver posts no further than STEPS past the data the sender has sent). Sends use the
+ * provider's default completion (the buffer is reusable), never FI_DELIVERY_COMPLETE: no extra
+ * round trip per slot, and the shm provider (libfabric 1.17) sends FI_DELIVERY_COMPLETE messages
+ * through its segmentation protocol, one message at a time per peer, whose zero-byte case never
+ * completes: every later send to that peer then fails with -FI_EAGAIN forever (the deadlock of
+ * issue 4; an unmatched message would block the peer's other lanes the same way).
  *
  * Tags (60 bits, the top 4 left to providers that reserve them):
- *   bits 36..55  sender's rank (20 bits)      bits 28..35  lane (8 bits)
- *   bits  0..27  step modulo 2^28 (at most STEPS steps of a connection are ever in flight)
- * Receives are posted for exact tags (ignore mask 0) from FI_ADDR_UNSPEC: the tag names the sender.
+ *   bit 56: credit          bits 36..55  sender's rank (20 bits)      bits 28..35  lane (8 bits)
+ *   bits  0..27: data: the step modulo 2^28 (at most STEPS steps of a connection are in flight)
+ * Receives are posted from FI_ADDR_UNSPEC (the tag names the sender) for exact tags: the shm
+ * provider of libfabric 1.17 matches a new receive against already-arrived messages with the
+ * ignore mask of a stale entry, so a wildcard receive can miss them. A sender keeps one credit
+ * receive posted per connection, into its slot of a small registered array.
  *
  * Everything here runs on the progress engine (under comm->progressLock): the CQ is read only by
- * gcommNetProgress, called from progressPass; setup and teardown run at init and destroy.
- * One fabric, domain, endpoint, CQ, AV and memory region per communicator.
+ * gcommNetProgress, called from progressPass; setup, connection and teardown run at init and
+ * destroy. One fabric, domain, endpoint, CQ and AV per communicator.
  */
 #define _GNU_SOURCE
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,24 +61,36 @@
 #define TAG_STEP_BITS 28
 #define TAG_LANE_BITS 8
 #define TAG_RANK_BITS 20
+#define TAG_STEP_MASK (((uint64_t)1 << TAG_STEP_BITS) - 1)
+#define TAG_CREDIT ((uint64_t)1 << (TAG_STEP_BITS + TAG_LANE_BITS + TAG_RANK_BITS))
 #define NET_ADDR_MAX 240
 
 typedef struct netConn netConn_t;
 typedef struct {
   struct fi_context2 ctx; /* first: the completion's op_context points here */
   netConn_t* nc;
-  uint64_t step;
+  uint64_t step; /* a data message's step; the credit receive has none */
+  int isCredit;
   void* prof; /* the profiler's Net event, or NULL */
 } netReq_t;
 
 struct netConn {
-  gcommConn_t* conn; /* the executor's view: fifo, slots */
+  gcommConn_t* conn; /* the executor's view: fifo, slots, slotBytes */
   int peer, lane, isSend;
   fi_addr_t addr;
-  uint64_t posted; /* send: next step to post; recv: next step whose receive is posted */
+  struct fid_mr* mr; /* this FIFO's own registration; NULL inside the shared region */
+  void* desc;
+  void* ownMem; /* a FIFO this file mapped for itself (GCOMM_NET_SHARED_BUFFERS=0) */
+  size_t ownBytes;
+  uint64_t posted; /* send: next step to post; recv: receives are posted for every step below */
   uint64_t done;   /* every step below is complete (send: = fifo->head; recv: = fifo->tail) */
+  /* send: the peer has receives posted below this step; recv: the count last told the peer */
+  uint64_t credit;
+  int creditPosted;    /* send: the credit receive is posted */
+  uint64_t* creditBuf; /* send: where the credit receive lands (registered) */
   uint8_t complete[GCOMM_STEPS];
   netReq_t reqs[GCOMM_STEPS];
+  netReq_t creditReq;
 };
 
 struct gcommNet {
@@ -74,14 +100,17 @@ struct gcommNet {
   struct fid_av* av;
   struct fid_cq* cq;
   struct fid_ep* ep;
-  struct fid_mr* mr;
+  struct fid_mr* mr; /* the shared region's registration (GCOMM_NET_SHARED_BUFFERS=1) */
   void* desc;
   char* region;
   size_t regionBytes;
+  uint64_t nextKey;  /* requested keys, unique in this domain (without FI_MR_PROV_KEY) */
+  uint64_t* credits; /* [peer * nLanes + lane]: the credit receive of each sending connection */
+  struct fid_mr* creditMr;
+  void* creditDesc;
   fi_addr_t* addrs; /* [rank] */
-  netConn_t* conns;
-  int nConns;
-  int inflight; /* operations posted and not yet completed */
+  netConn_t** conns;
+  int nConns, capConns;
 };
 
 /* What each rank tells every other rank at setup (one MPI_Allgather). */
@@ -94,7 +123,7 @@ typedef struct {
 
 static uint64_t makeTag(int rank, int lane, uint64_t step) {
   return ((uint64_t)rank << (TAG_STEP_BITS + TAG_LANE_BITS)) | ((uint64_t)lane << TAG_STEP_BITS) |
-         (step & (((uint64_t)1 << TAG_STEP_BITS) - 1));
+         (step & TAG_STEP_MASK);
 }
 
 static int isRemote(gcommComm_t comm, int p) {
@@ -113,6 +142,14 @@ static int provRank(const char* name) {
   return 2;
 }
 
+#define OFI_CHECK(call)                                                             \
+  do {                                                                              \
+    int e_ = (call);                                                                \
+    if (e_ != 0)                                                                    \
+      return GCOMM_ERROR(comm, gcommSystemError, -1, "%s: %s (provider %s)", #call, \
+                         fi_strerror(-e_), net->info->fabric_attr->prov_name);      \
+  } while (0)
+
 static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   const char* prov = comm->params.ofiProvider;
   const char* iface = comm->params.ofiIface;
@@ -125,15 +162,8 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   hints->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
-  hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
   if (prov != NULL) hints->fabric_attr->prov_name = strdup(prov);
   int err = fi_getinfo(NET_FI_VERSION, NULL, NULL, 0, hints, &list);
-  int delivery = 1;
-  if (err != 0) { /* providers without delivery completion: transmit completion still works */
-    delivery = 0;
-    hints->tx_attr->op_flags = 0;
-    err = fi_getinfo(NET_FI_VERSION, NULL, NULL, 0, hints, &list);
-  }
   fi_freeinfo(hints);
   if (err != 0)
     return GCOMM_ERROR(comm, gcommSystemError, -1,
@@ -157,20 +187,12 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   net->info = fi_dupinfo(best);
   fi_freeinfo(list);
   if (net->info == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_dupinfo failed");
-  if (!delivery) net->info->tx_attr->op_flags = 0;
   GCOMM_INFO(GCOMM_SUBSYS_NET | GCOMM_SUBSYS_INIT, comm,
-             "provider %s, fabric %s, domain %s, mr_mode 0x%x, %s completion",
+             "provider %s, fabric %s, domain %s, mr_mode 0x%x, inject %zu bytes",
              net->info->fabric_attr->prov_name, net->info->fabric_attr->name,
              net->info->domain_attr->name, (unsigned)net->info->domain_attr->mr_mode,
-             delivery ? "delivery" : "transmit");
+             net->info->tx_attr->inject_size);
 
-#define OFI_CHECK(call)                                                             \
-  do {                                                                              \
-    int e_ = (call);                                                                \
-    if (e_ != 0)                                                                    \
-      return GCOMM_ERROR(comm, gcommSystemError, -1, "%s: %s (provider %s)", #call, \
-                         fi_strerror(-e_), net->info->fabric_attr->prov_name);      \
-  } while (0)
   OFI_CHECK(fi_fabric(net->info->fabric_attr, &net->fabric, NULL));
   OFI_CHECK(fi_domain(net->fabric, net->info, &net->domain, NULL));
   struct fi_av_attr avAttr;
@@ -182,26 +204,34 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   memset(&cqAttr, 0, sizeof(cqAttr));
   cqAttr.format = FI_CQ_FORMAT_TAGGED;
   cqAttr.wait_obj = FI_WAIT_NONE;
-  cqAttr.size = (size_t)comm->nranks * comm->nLanes * 2 * GCOMM_STEPS + 64;
+  /* at most STEPS data operations per connection, 2 connections per (peer, lane), one credit
+   * receive per sending connection */
+  cqAttr.size = (size_t)comm->nranks * comm->nLanes * (2 * GCOMM_STEPS + 1) + 64;
   OFI_CHECK(fi_cq_open(net->domain, &cqAttr, &net->cq, NULL));
   OFI_CHECK(fi_endpoint(net->domain, net->info, &net->ep, NULL));
   OFI_CHECK(fi_ep_bind(net->ep, &net->av->fid, 0));
   OFI_CHECK(fi_ep_bind(net->ep, &net->cq->fid, FI_TRANSMIT | FI_RECV));
   OFI_CHECK(fi_enable(net->ep));
+  if (net->info->tx_attr->inject_size < sizeof(uint64_t))
+    return GCOMM_ERROR(comm, gcommSystemError, -1,
+                       "provider %s cannot inject %zu bytes (credits need fi_tinject)",
+                       net->info->fabric_attr->prov_name, sizeof(uint64_t));
+  return gcommSuccess;
+}
 
-  /* Registration, as the provider's mr_mode asks: one region holds every network FIFO of this
-   * rank. FI_MR_ALLOCATED: it is allocated before registering (mmap). FI_MR_PROV_KEY: the
-   * provider picks the key, else 0 is unique in this communicator's own domain. FI_MR_ENDPOINT:
-   * bound to the endpoint and enabled. FI_MR_LOCAL: the descriptor goes with every send and
-   * receive (it is passed whatever the mode). FI_MR_VIRT_ADDR only concerns RMA, unused here. */
-  uint64_t mrMode = (uint64_t)net->info->domain_attr->mr_mode;
-  OFI_CHECK(fi_mr_reg(net->domain, net->region, net->regionBytes, FI_SEND | FI_RECV, 0, 0, 0,
-                      &net->mr, NULL));
-  if (mrMode & FI_MR_ENDPOINT) {
-    OFI_CHECK(fi_mr_bind(net->mr, &net->ep->fid, 0));
-    OFI_CHECK(fi_mr_enable(net->mr));
+/* Registers [buf, buf+len) for sends and receives as the provider's mr_mode asks. FI_MR_ALLOCATED:
+ * the memory exists before (callers map or allocate it). FI_MR_PROV_KEY: the provider picks the
+ * key, else a counter keeps requested keys unique in this communicator's own domain.
+ * FI_MR_ENDPOINT: bound to the endpoint and enabled. FI_MR_LOCAL: the descriptor goes with every
+ * send and receive (it is passed whatever the mode). FI_MR_VIRT_ADDR only concerns RMA, unused. */
+static gcommResult_t regMem(gcommComm_t comm, struct gcommNet* net, void* buf, size_t len,
+                            struct fid_mr** mr, void** desc) {
+  OFI_CHECK(fi_mr_reg(net->domain, buf, len, FI_SEND | FI_RECV, 0, net->nextKey++, 0, mr, NULL));
+  if (net->info->domain_attr->mr_mode & FI_MR_ENDPOINT) {
+    OFI_CHECK(fi_mr_bind(*mr, &net->ep->fid, 0));
+    OFI_CHECK(fi_mr_enable(*mr));
   }
-  net->desc = fi_mr_desc(net->mr);
+  *desc = fi_mr_desc(*mr);
   return gcommSuccess;
 }
 
@@ -210,43 +240,181 @@ static size_t netFifoBytes(gcommComm_t comm) {
   return (b + 4095) & ~(size_t)4095;
 }
 
-/* Posts what can be posted on one connection: sends of filled slots, receives into free ones. */
-static gcommResult_t postConn(gcommComm_t comm, struct gcommNet* net, netConn_t* nc, int* moved) {
+static gcommResult_t postFailed(gcommComm_t comm, netConn_t* nc, const char* what, uint64_t step,
+                                ssize_t rc) {
+  return GCOMM_ERROR(comm, gcommSystemError, nc->peer, "%s to/from rank %d lane %d step %llu: %s",
+                     what, nc->peer, nc->lane, (unsigned long long)step, fi_strerror((int)-rc));
+}
+
+/* Posts what can be posted on a sending connection: the credit receive, then sends of the filled
+ * slots the receiver has receives for. -FI_EAGAIN: the provider needs progress (the CQ read). */
+static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t* nc, int* moved) {
+  if (!nc->creditPosted) {
+    nc->creditReq.nc = nc;
+    nc->creditReq.isCredit = 1;
+    ssize_t rc = fi_trecv(net->ep, nc->creditBuf, sizeof(uint64_t), net->creditDesc, FI_ADDR_UNSPEC,
+                          TAG_CREDIT | makeTag(nc->peer, nc->lane, 0), 0, &nc->creditReq.ctx);
+    if (rc == 0) nc->creditPosted = 1;
+    if (rc != 0 && rc != -FI_EAGAIN) return postFailed(comm, nc, "fi_trecv (credit)", 0, rc);
+  }
   gcommFifo_t* f = nc->conn->fifo;
-  uint64_t limit = nc->isSend ? __atomic_load_n(&f->tail, __ATOMIC_ACQUIRE)
-                              : __atomic_load_n(&f->head, __ATOMIC_ACQUIRE) + GCOMM_STEPS;
+  uint64_t limit = __atomic_load_n(&f->tail, __ATOMIC_ACQUIRE);
+  if (limit > nc->credit) limit = nc->credit;
   while (nc->posted < limit) {
     uint64_t s = nc->posted;
     int slot = (int)(s % GCOMM_STEPS);
     netReq_t* req = &nc->reqs[slot];
-    char* buf = nc->conn->slots + (size_t)slot * nc->conn->slotBytes;
     req->nc = nc;
     req->step = s;
-    ssize_t rc;
-    if (nc->isSend)
-      rc = fi_tsend(net->ep, buf, (size_t)f->bytes[slot], net->desc, nc->addr,
-                    makeTag(comm->rank, nc->lane, s), &req->ctx);
-    else
-      rc = fi_trecv(net->ep, buf, nc->conn->slotBytes, net->desc, FI_ADDR_UNSPEC,
-                    makeTag(nc->peer, nc->lane, s), 0, &req->ctx);
-    if (rc == -FI_EAGAIN) break; /* the provider needs progress (the CQ read) first */
-    if (rc != 0)
-      return GCOMM_ERROR(comm, gcommSystemError, nc->peer, "%s lane %d step %llu: %s",
-                         nc->isSend ? "fi_tsend" : "fi_trecv", nc->lane, (unsigned long long)s,
-                         fi_strerror((int)-rc));
+    ssize_t rc = fi_tsend(net->ep, nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
+                          (size_t)f->bytes[slot], nc->desc, nc->addr,
+                          makeTag(comm->rank, nc->lane, s), &req->ctx);
+    if (rc == -FI_EAGAIN) break;
+    if (rc != 0) return postFailed(comm, nc, "fi_tsend", s, rc);
     req->prof = GCOMM_PROF_ON(comm, gcommProfileNet)
-                    ? gcommProfNetStart(comm, nc->peer, nc->lane, s,
-                                        nc->isSend ? (size_t)f->bytes[slot] : nc->conn->slotBytes,
-                                        nc->isSend)
+                    ? gcommProfNetStart(comm, nc->peer, nc->lane, s, (size_t)f->bytes[slot], 1)
                     : NULL;
     nc->posted++;
-    net->inflight++;
     *moved = 1;
   }
   return gcommSuccess;
 }
 
-static void completeReq(netReq_t* req, size_t len) {
+/* A receiving connection: receives into every free slot, then the credit that says so. */
+static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t* nc, int* moved) {
+  uint64_t limit = __atomic_load_n(&nc->conn->fifo->head, __ATOMIC_ACQUIRE) + GCOMM_STEPS;
+  while (nc->posted < limit) {
+    uint64_t s = nc->posted;
+    int slot = (int)(s % GCOMM_STEPS);
+    netReq_t* req = &nc->reqs[slot];
+    req->nc = nc;
+    req->step = s;
+    ssize_t rc =
+        fi_trecv(net->ep, nc->conn->slots + (size_t)slot * nc->conn->slotBytes, nc->conn->slotBytes,
+                 nc->desc, FI_ADDR_UNSPEC, makeTag(nc->peer, nc->lane, s), 0, &req->ctx);
+    if (rc == -FI_EAGAIN) break;
+    if (rc != 0) return postFailed(comm, nc, "fi_trecv", s, rc);
+    req->prof = GCOMM_PROF_ON(comm, gcommProfileNet)
+                    ? gcommProfNetStart(comm, nc->peer, nc->lane, s, nc->conn->slotBytes, 0)
+                    : NULL;
+    __atomic_store_n(&nc->posted, s + 1, __ATOMIC_RELAXED); /* gcommNetSendsPending reads it */
+    *moved = 1;
+  }
+  if (nc->credit != nc->posted) {
+    ssize_t rc = fi_tinject(net->ep, &nc->posted, sizeof(uint64_t), nc->addr,
+                            TAG_CREDIT | makeTag(comm->rank, nc->lane, 0));
+    if (rc == 0) __atomic_store_n(&nc->credit, nc->posted, __ATOMIC_RELAXED);
+    if (rc != 0 && rc != -FI_EAGAIN) return postFailed(comm, nc, "fi_tinject (credit)", 0, rc);
+  }
+  return gcommSuccess;
+}
+
+gcommResult_t gcommNetConnect(gcommComm_t comm, gcommConn_t* conn, int peer, int lane, int isSend) {
+  struct gcommNet* net = comm->net;
+  if (net == NULL || peer < 0 || peer >= comm->nranks || !isRemote(comm, peer) || lane < 0 ||
+      lane >= comm->nLanes || conn->fifo == NULL || conn->slots == NULL || conn->slotBytes == 0)
+    return GCOMM_ERROR(comm, gcommInternalError, peer,
+                       "gcommNetConnect: no network edge to rank %d lane %d (%s)", peer, lane,
+                       net == NULL ? "no endpoint: every rank on one node" : "bad arguments");
+  if (net->nConns == net->capConns) {
+    int cap = net->capConns ? 2 * net->capConns : 64;
+    netConn_t** c = realloc(net->conns, (size_t)cap * sizeof(*c));
+    if (c == NULL) return GCOMM_ERROR(comm, gcommSystemError, peer, "out of memory");
+    net->conns = c;
+    net->capConns = cap;
+  }
+  netConn_t* nc = calloc(1, sizeof(*nc));
+  if (nc == NULL) return GCOMM_ERROR(comm, gcommSystemError, peer, "out of memory");
+  nc->conn = conn;
+  nc->peer = peer;
+  nc->lane = lane;
+  nc->isSend = isSend;
+  nc->addr = net->addrs[peer];
+  nc->creditBuf = &net->credits[(size_t)peer * comm->nLanes + lane];
+  size_t len = GCOMM_STEPS * conn->slotBytes;
+  uintptr_t at = (uintptr_t)conn->slots, region = (uintptr_t)net->region;
+  if (net->region != NULL && at >= region && at + len <= region + net->regionBytes) {
+    nc->desc = net->desc;
+  } else {
+    gcommResult_t res = regMem(comm, net, conn->slots, len, &nc->mr, &nc->desc);
+    if (res != gcommSuccess) {
+      free(nc);
+      return res;
+    }
+  }
+  /* the first STEPS receives now, before the caller's barrier: the sender starts with that
+   * credit and no message needs to tell it */
+  nc->credit = GCOMM_STEPS;
+  if (!isSend) {
+    int moved = 0;
+    gcommResult_t res = postRecv(comm, net, nc, &moved);
+    if (res == gcommSuccess && nc->posted != GCOMM_STEPS)
+      res = GCOMM_ERROR(comm, gcommSystemError, peer,
+                        "provider %s took only %llu of the first %d receives from rank %d",
+                        net->info->fabric_attr->prov_name, (unsigned long long)nc->posted,
+                        GCOMM_STEPS, peer);
+    if (res != gcommSuccess) {
+      if (nc->mr) fi_close(&nc->mr->fid);
+      free(nc);
+      return res;
+    }
+  }
+  net->conns[net->nConns++] = nc;
+  return gcommSuccess;
+}
+
+/* The host communicator's FIFOs for every remote peer and lane, [peer][lane][send, recv]: in one
+ * registered region (GCOMM_NET_SHARED_BUFFERS=1), or one mapping and registration each. */
+static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, int nRemote) {
+  size_t fb = netFifoBytes(comm);
+  int shared = comm->params.netSharedBuffers != 0;
+  if (shared) {
+    net->regionBytes = fb * (size_t)nRemote * comm->nLanes * 2;
+    net->region =
+        mmap(NULL, net->regionBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (net->region == MAP_FAILED) {
+      net->region = NULL;
+      return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory for %zu bytes of network FIFOs",
+                         net->regionBytes);
+    }
+    GCOMM_CHECK(regMem(comm, net, net->region, net->regionBytes, &net->mr, &net->desc));
+  }
+  int k = 0;
+  for (int p = 0; p < comm->nranks; p++) {
+    if (!isRemote(comm, p)) continue;
+    for (int lane = 0; lane < comm->nLanes; lane++) {
+      for (int isSend = 1; isSend >= 0; isSend--, k++) {
+        gcommConn_t* c = isSend ? &comm->sendConns[lane * comm->nranks + p]
+                                : &comm->recvConns[lane * comm->nranks + p];
+        char* base =
+            shared ? net->region + (size_t)k * fb
+                   : mmap(NULL, fb, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED)
+          return GCOMM_ERROR(comm, gcommSystemError, p, "out of memory for a network FIFO");
+        c->fifo = (gcommFifo_t*)base;
+        c->slots = base + sizeof(gcommFifo_t);
+        c->step = 0;
+        c->slotBytes = comm->slotBytes;
+        c->peer = p;
+        gcommResult_t res = gcommNetConnect(comm, c, p, lane, isSend);
+        if (!shared && res == gcommSuccess) {
+          net->conns[net->nConns - 1]->ownMem = base;
+          net->conns[net->nConns - 1]->ownBytes = fb;
+        } else if (!shared) {
+          munmap(base, fb);
+        }
+        GCOMM_CHECK(res);
+      }
+    }
+  }
+  GCOMM_INFO(GCOMM_SUBSYS_NET | GCOMM_SUBSYS_INIT, comm,
+             "%d remote ranks, %d network FIFOs of %zu bytes, %s (provider %s)", nRemote, k, fb,
+             shared ? "one registered region" : "registered one by one",
+             net->info->fabric_attr->prov_name);
+  return gcommSuccess;
+}
+
+static void completeData(netReq_t* req, size_t len) {
   netConn_t* nc = req->nc;
   gcommFifo_t* f = nc->conn->fifo;
   int slot = (int)(req->step % GCOMM_STEPS);
@@ -262,10 +430,25 @@ static void completeReq(netReq_t* req, size_t len) {
     __atomic_store_n(&f->tail, nc->done, __ATOMIC_RELEASE);
 }
 
+/* Credits only grow: one that overtook a later one changes nothing. */
+static void completeCredit(netConn_t* nc) {
+  if (*nc->creditBuf > nc->credit) nc->credit = *nc->creditBuf;
+  nc->creditPosted = 0;
+}
+
+static gcommResult_t postAll(gcommComm_t comm, struct gcommNet* net, int* moved) {
+  for (int i = 0; i < net->nConns; i++) {
+    netConn_t* nc = net->conns[i];
+    GCOMM_CHECK(nc->isSend ? postSend(comm, net, nc, moved) : postRecv(comm, net, nc, moved));
+  }
+  return gcommSuccess;
+}
+
 gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
   struct gcommNet* net = comm->net;
   if (net == NULL) return gcommSuccess;
-  for (int i = 0; i < net->nConns; i++) GCOMM_CHECK(postConn(comm, net, &net->conns[i], moved));
+  GCOMM_CHECK(postAll(comm, net, moved));
+  int got = 0;
   for (;;) {
     struct fi_cq_tagged_entry ent[16];
     ssize_t n = fi_cq_read(net->cq, ent, 16);
@@ -281,7 +464,9 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
       const char* what = fi_cq_strerror(net->cq, e.prov_errno, e.err_data, buf, sizeof(buf));
       return GCOMM_ERROR(comm, gcommRemoteError, peer,
                          "network %s %s rank %d failed on lane %d step %llu: %s (%s)",
-                         req && req->nc->isSend ? "send" : "receive",
+                         req && req->isCredit     ? "credit"
+                         : req && req->nc->isSend ? "send"
+                                                  : "receive",
                          req && req->nc->isSend ? "to" : "from", peer, req ? req->nc->lane : -1,
                          req ? (unsigned long long)req->step : 0ull, fi_strerror(e.err),
                          what ? what : "");
@@ -290,18 +475,24 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
       return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_cq_read: %s", fi_strerror((int)-n));
     for (ssize_t k = 0; k < n; k++) {
       netReq_t* req = (netReq_t*)ent[k].op_context;
+      if (req->isCredit) {
+        completeCredit(req->nc);
+        continue;
+      }
       if (!req->nc->isSend && ent[k].len > req->nc->conn->slotBytes)
         return GCOMM_ERROR(comm, gcommInternalError, req->nc->peer, "received %zu bytes > slot",
                            ent[k].len);
       if (req->prof != NULL) gcommProfStop(comm, req->prof);
-      completeReq(req, ent[k].len);
-      net->inflight--;
+      completeData(req, ent[k].len);
     }
-    *moved = 1;
+    got = 1;
     if (n < 16) break;
   }
-  /* freed slots can take new receives, completed sends make room for more */
-  for (int i = 0; i < net->nConns; i++) GCOMM_CHECK(postConn(comm, net, &net->conns[i], moved));
+  /* freed slots can take new receives, completed sends and new credits let more sends go */
+  if (got) {
+    *moved = 1;
+    GCOMM_CHECK(postAll(comm, net, moved));
+  }
   return gcommSuccess;
 }
 
@@ -309,9 +500,11 @@ int gcommNetSendsPending(gcommComm_t comm) {
   struct gcommNet* net = comm->net;
   if (net == NULL || __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess) return 0;
   for (int i = 0; i < net->nConns; i++) {
-    netConn_t* nc = &net->conns[i];
-    if (nc->isSend && __atomic_load_n(&nc->conn->fifo->tail, __ATOMIC_ACQUIRE) !=
-                          __atomic_load_n(&nc->conn->fifo->head, __ATOMIC_ACQUIRE))
+    netConn_t* nc = net->conns[i];
+    if (nc->isSend ? __atomic_load_n(&nc->conn->fifo->tail, __ATOMIC_ACQUIRE) !=
+                         __atomic_load_n(&nc->conn->fifo->head, __ATOMIC_ACQUIRE)
+                   : __atomic_load_n(&nc->posted, __ATOMIC_RELAXED) !=
+                         __atomic_load_n(&nc->credit, __ATOMIC_RELAXED))
       return 1;
   }
   return 0;
@@ -326,29 +519,26 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
   if (!anyRemote) return gcommSuccess; /* one node: every rank agrees, nothing to set up */
   if (comm->nranks > (1 << TAG_RANK_BITS) || comm->nLanes > (1 << TAG_LANE_BITS))
     return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
-                       "the network tags hold at most %d ranks and "
-                       "%d lanes",
-                       1 << TAG_RANK_BITS, (1 << TAG_LANE_BITS) - 1);
+                       "the network tags hold at most %d ranks and %d lanes", 1 << TAG_RANK_BITS,
+                       1 << TAG_LANE_BITS);
   struct gcommNet* net = calloc(1, sizeof(*net));
-  if (net == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  comm->net = net;
-  size_t fb = netFifoBytes(comm);
-  net->nConns = nRemote * comm->nLanes * 2;
-  net->regionBytes = fb * (net->nConns > 0 ? net->nConns : 1);
-  net->region =
-      mmap(NULL, net->regionBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  net->conns = calloc(net->nConns > 0 ? net->nConns : 1, sizeof(netConn_t));
-  net->addrs = calloc(comm->nranks, sizeof(fi_addr_t));
-  gcommResult_t res = gcommSuccess;
-  if (net->region == MAP_FAILED || net->conns == NULL || net->addrs == NULL) {
-    if (net->region == MAP_FAILED) net->region = NULL;
-    res = GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory for %zu bytes of network FIFOs",
-                      net->regionBytes);
+  netCard_t mine, *all = calloc(comm->nranks, sizeof(netCard_t));
+  if (net == NULL || all == NULL) {
+    free(net);
+    free(all);
+    return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   }
-  if (res == gcommSuccess) res = openFabric(comm, net);
+  comm->net = net;
+  net->addrs = calloc(comm->nranks, sizeof(fi_addr_t));
+  net->credits = calloc((size_t)comm->nranks * comm->nLanes, sizeof(uint64_t));
+  gcommResult_t res = net->addrs && net->credits
+                          ? openFabric(comm, net)
+                          : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  if (res == gcommSuccess)
+    res = regMem(comm, net, net->credits, (size_t)comm->nranks * comm->nLanes * sizeof(uint64_t),
+                 &net->creditMr, &net->creditDesc);
 
   /* every rank takes part in the exchange, failed or not, so that none waits alone */
-  netCard_t mine, *all = calloc(comm->nranks, sizeof(netCard_t));
   memset(&mine, 0, sizeof(mine));
   if (res == gcommSuccess) {
     size_t len = sizeof(mine.addr);
@@ -358,13 +548,10 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
     snprintf(mine.prov, sizeof(mine.prov), "%s", net->info->fabric_attr->prov_name);
   }
   mine.ok = res == gcommSuccess;
-  if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   int mpiErr =
       MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all, sizeof(mine), MPI_BYTE, comm->mpiComm);
-  if (mpiErr != MPI_SUCCESS) {
-    free(all);
-    return GCOMM_ERROR(comm, gcommSystemError, -1, "MPI_Allgather of fabric addresses failed");
-  }
+  if (mpiErr != MPI_SUCCESS && res == gcommSuccess)
+    res = GCOMM_ERROR(comm, gcommSystemError, -1, "MPI_Allgather of fabric addresses failed");
   for (int p = 0; p < comm->nranks && res == gcommSuccess; p++) {
     if (!all[p].ok) {
       res =
@@ -382,45 +569,24 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
   }
   free(all);
   if (res != gcommSuccess) return res;
-
-  /* the FIFOs: [peer][lane][send, recv] in the region; the executor's connections point there */
-  int k = 0;
-  for (int p = 0; p < comm->nranks; p++) {
-    if (!isRemote(comm, p)) continue;
-    for (int lane = 0; lane < comm->nLanes; lane++) {
-      for (int isSend = 1; isSend >= 0; isSend--, k++) {
-        gcommConn_t* c = isSend ? &comm->sendConns[lane * comm->nranks + p]
-                                : &comm->recvConns[lane * comm->nranks + p];
-        char* base = net->region + (size_t)k * fb;
-        c->fifo = (gcommFifo_t*)base;
-        c->slots = base + sizeof(gcommFifo_t);
-        c->step = 0;
-        c->slotBytes = comm->slotBytes;
-        c->peer = p;
-        netConn_t* nc = &net->conns[k];
-        nc->conn = c;
-        nc->peer = p;
-        nc->lane = lane;
-        nc->isSend = isSend;
-        nc->addr = net->addrs[p];
-      }
-    }
-  }
-  /* receives for the first STEPS steps of every connection, before any rank can send */
-  int moved = 0;
-  for (int i = 0; i < net->nConns; i++) GCOMM_CHECK(postConn(comm, net, &net->conns[i], &moved));
-  GCOMM_INFO(GCOMM_SUBSYS_NET | GCOMM_SUBSYS_INIT, comm,
-             "%d remote ranks, %d network FIFOs of %zu bytes (provider %s)", nRemote, net->nConns,
-             fb, mine.prov);
-  return gcommSuccess;
+  /* GPU communicators will stage through FIFOs of their own (gcommNetConnect) */
+  if (comm->device != GCOMM_DEVICE_HOST) return gcommSuccess;
+  return connectHostFifos(comm, net, nRemote);
 }
 
 void gcommNetFree(gcommComm_t comm) {
   struct gcommNet* net = comm->net;
   if (net == NULL) return;
-  /* closing the endpoint cancels the receives still posted; the CQ goes after it */
+  /* closing the endpoint cancels the receives still posted; registrations and the CQ go after */
   if (net->ep) fi_close(&net->ep->fid);
+  for (int i = 0; i < net->nConns; i++) {
+    netConn_t* nc = net->conns[i];
+    if (nc->mr) fi_close(&nc->mr->fid);
+    if (nc->ownMem) munmap(nc->ownMem, nc->ownBytes);
+    free(nc);
+  }
   if (net->mr) fi_close(&net->mr->fid);
+  if (net->creditMr) fi_close(&net->creditMr->fid);
   if (net->av) fi_close(&net->av->fid);
   if (net->cq) fi_close(&net->cq->fid);
   if (net->domain) fi_close(&net->domain->fid);
@@ -429,6 +595,7 @@ void gcommNetFree(gcommComm_t comm) {
   if (net->region) munmap(net->region, net->regionBytes);
   free(net->conns);
   free(net->addrs);
+  free(net->credits);
   free(net);
   comm->net = NULL;
 }
