@@ -43,6 +43,12 @@ if want sweep; then
     GCOMM_PROTO=$p step sweep_$p 120 $RUN 2 $PASSENV $B/gcomm_perf --coll allreduce,broadcast,allgather,reducescatter,sendrecv -b 8 -e 4M -f 4 -n 50 -w 10 --backend gcomm
   done
 fi
+# FIFO size against the large-message rate of the reductions (the default is GCOMM_BUFFSIZE=4M)
+if want knobs; then
+  for b in 2M 8M 16M; do
+    GCOMM_BUFFSIZE=$b step knobs_buff$b 120 $RUN 2 -x GCOMM_BUFFSIZE $B/gcomm_perf --coll allreduce,reduce,reducescatter,broadcast -b 256M -e 256M -n 10 -w 3 -c 0 --backend gcomm
+  done
+fi
 want large && step perf_2r_large 300 $RUN 2 $B/gcomm_perf --coll all -b 64M -e 4G -f 4 -n 10 -w 3 -c 0 --backend $PERFBACK
 want quick && step test_4r${NG}g 200 $RUN 4 $B/test/gpu/test_gpu --quick
 want quick && TEST_NGPUS=1 step test_2r1g 120 $RUN 2 $B/test/gpu/test_gpu --quick
