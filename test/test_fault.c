@@ -17,6 +17,9 @@
  *           gcommWait all return that error instead of carrying on; destroy works.
  * hang      TEST_FAULT_HANG=k (test/test_fault.sh): six all-reduces, rank k skips the fourth;
  *           each rank writes its pid to TEST_FAULT_DIR/pid.R, then waits (the others time out).
+ * TEST_FAULT_NET=1 (test/test_net.sh, ranks on pretend nodes): the cases found through the slot
+ * words only. Mismatched roots (no data flows) and a destroyed peer are found through the status
+ * page that ranks of one node share, so across nodes they end at the deadline: not run there.
  */
 #include <errno.h>
 #include <signal.h>
@@ -241,9 +244,11 @@ int main(int argc, char** argv) {
     hang(atoi(getenv("TEST_FAULT_HANG")));
     return tlFinish("test_fault");
   }
-  for (int k = 0; k < NMM; k++) testMismatch(k);
+  int net = getenv("TEST_FAULT_NET") != NULL;
+  for (int k = 0; k < NMM; k++)
+    if (!(net && k == MM_ROOT)) testMismatch(k);
   testCheckDisagree();
-  testDestroyed();
+  if (!net) testDestroyed();
   testAsync();
   return tlFinish("test_fault");
 }

@@ -17,6 +17,11 @@
 #                     "tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll")
 #   (an empty TEST_NET_CONFIGS or TEST_NET_KILLS skips that part)
 #   TEST_NET_PROGS    correctness programs (default "test_coll test_p2p")
+#   TEST_NET_FAULTS   configs for test_fault's mismatched calls across nodes, found through the
+#                     tag each message carries as completion data (default "tcp:2x1 shm:2x1": one
+#                     rank a node, so every rank receives from the odd one; with more, ranks that
+#                     only wait on a failed remote rank end at the deadline, as nothing but the
+#                     data tells a remote node of a failure)
 #   TEST_TIMEOUT      seconds one run may take (default 900)
 # The last line is "N passed, N failed"; the exit status is non-zero when anything failed.
 set -u
@@ -26,6 +31,7 @@ TIMEOUT=${TEST_TIMEOUT:-900}
 CONFIGS=${TEST_NET_CONFIGS-"tcp:2x1 tcp:2x2 shm:2x2/unshared shm:3x1 tcp:4x1"}
 KILLS=${TEST_NET_KILLS-"tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll"}
 PROGS=${TEST_NET_PROGS:-"test_coll test_p2p"}
+FAULTS=${TEST_NET_FAULTS-"tcp:2x1 shm:2x1"}
 here=$(cd "$(dirname "$0")" && pwd)
 
 export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
@@ -72,28 +78,35 @@ parse() {
 }
 
 provenv() {
-  echo "GCOMM_OFI_PROVIDER=$prov TEST_NET_RPN=$rpn GCOMM_NET_SHARED_BUFFERS=$shared"
+  echo "GCOMM_OFI_PROVIDER=$prov TEST_NET_RPN=$rpn GCOMM_NET_SHARED_BUFFERS=$shared TEST_FAULT_NET=1"
 }
 
+# runs one correctness program over config $cfg (parsed)
+runProg() {
+  local prog=$1
+  [ -x "$BUILD/test/$prog" ] || { fail "$prog: not built in $BUILD/test"; return; }
+  echo "== $prog over $prov: $nodes pretend nodes x $rpn ranks$([ $shared = 0 ] && echo ", a registration per FIFO")"
+  t0=$(date +%s)
+  env $(provenv) timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" \
+    -n "$n" "$tmp/node.sh" "$BUILD/test/$prog" 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  p=$(grep -c '^PASS ' "$out")
+  f=$(grep -c '^FAIL ' "$out")
+  passed=$((passed + p))
+  failed=$((failed + f))
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then fail "$prog $cfg: timed out after $TIMEOUT s"
+  elif [ "$rc" != 0 ]; then fail "$prog $cfg: exited with status $rc"
+  elif [ "$p" = 0 ]; then fail "$prog $cfg: ran no check"
+  fi
+  echo "== $prog $cfg: $p PASS, $f FAIL lines, $(($(date +%s) - t0)) s"
+}
 for cfg in $CONFIGS; do
   parse "$cfg"
-  for prog in $PROGS; do
-    [ -x "$BUILD/test/$prog" ] || { fail "$prog: not built in $BUILD/test"; continue; }
-    echo "== $prog over $prov: $nodes pretend nodes x $rpn ranks$([ $shared = 0 ] && echo ", a registration per FIFO")"
-    t0=$(date +%s)
-    env $(provenv) timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" \
-      -n "$n" "$tmp/node.sh" "$BUILD/test/$prog" 2>&1 | tee "$out"
-    rc=${PIPESTATUS[0]}
-    p=$(grep -c '^PASS ' "$out")
-    f=$(grep -c '^FAIL ' "$out")
-    passed=$((passed + p))
-    failed=$((failed + f))
-    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then fail "$prog $cfg: timed out after $TIMEOUT s"
-    elif [ "$rc" != 0 ]; then fail "$prog $cfg: exited with status $rc"
-    elif [ "$p" = 0 ]; then fail "$prog $cfg: ran no check"
-    fi
-    echo "== $prog $cfg: $p PASS, $f FAIL lines, $(($(date +%s) - t0)) s"
-  done
+  for prog in $PROGS; do runProg "$prog"; done
+done
+for cfg in $FAULTS; do
+  parse "$cfg"
+  runProg test_fault
 done
 
 # A rank dies in the middle of a large all-reduce.

@@ -162,6 +162,7 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   hints->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints->domain_attr->cq_data_size = 4; /* each message carries its call's tag (the mismatch check) */
   if (prov != NULL) hints->fabric_attr->prov_name = strdup(prov);
   int err = fi_getinfo(NET_FI_VERSION, NULL, NULL, 0, hints, &list);
   fi_freeinfo(hints);
@@ -266,13 +267,15 @@ static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t*
     netReq_t* req = &nc->reqs[slot];
     req->nc = nc;
     req->step = s;
-    ssize_t rc = fi_tsend(net->ep, nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
-                          (size_t)f->bytes[slot], nc->desc, nc->addr,
-                          makeTag(comm->rank, nc->lane, s), &req->ctx);
+    /* the slot's word: the payload size, and the call's tag in the completion data */
+    uint64_t word = f->bytes[slot];
+    ssize_t rc = fi_tsenddata(net->ep, nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
+                              (size_t)(uint32_t)word, nc->desc, word >> 32, nc->addr,
+                              makeTag(comm->rank, nc->lane, s), &req->ctx);
     if (rc == -FI_EAGAIN) break;
-    if (rc != 0) return postFailed(comm, nc, "fi_tsend", s, rc);
+    if (rc != 0) return postFailed(comm, nc, "fi_tsenddata", s, rc);
     req->prof = GCOMM_PROF_ON(comm, gcommProfileNet)
-                    ? gcommProfNetStart(comm, nc->peer, nc->lane, s, (size_t)f->bytes[slot], 1)
+                    ? gcommProfNetStart(comm, nc->peer, nc->lane, s, (size_t)(uint32_t)word, 1)
                     : NULL;
     nc->posted++;
     *moved = 1;
@@ -414,11 +417,11 @@ static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, in
   return gcommSuccess;
 }
 
-static void completeData(netReq_t* req, size_t len) {
+static void completeData(netReq_t* req, size_t len, uint64_t tag) {
   netConn_t* nc = req->nc;
   gcommFifo_t* f = nc->conn->fifo;
   int slot = (int)(req->step % GCOMM_STEPS);
-  if (!nc->isSend) f->bytes[slot] = len;
+  if (!nc->isSend) f->bytes[slot] = GCOMM_SLOT_WORD(tag, len);
   nc->complete[slot] = 1;
   while (nc->done < nc->posted && nc->complete[nc->done % GCOMM_STEPS]) {
     nc->complete[nc->done % GCOMM_STEPS] = 0;
@@ -483,7 +486,8 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
         return GCOMM_ERROR(comm, gcommInternalError, req->nc->peer, "received %zu bytes > slot",
                            ent[k].len);
       if (req->prof != NULL) gcommProfStop(comm, req->prof);
-      completeData(req, ent[k].len);
+      completeData(req, ent[k].len,
+                   (ent[k].flags & FI_REMOTE_CQ_DATA) ? (uint32_t)ent[k].data : 0);
     }
     got = 1;
     if (n < 16) break;
