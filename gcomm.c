@@ -562,8 +562,12 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
       memcpy(value, in[0], bytes);
     } else {
       reduceFn_t fn = reduceTable[op->datatype][op->redop];
-      fn(value, src, in[0], st->count);
-      if (nIn == 2) fn(value, value, in[1], st->count);
+      if (src != NULL) { /* src op in0 [op in1] */
+        fn(value, src, in[0], st->count);
+        if (nIn == 2) fn(value, value, in[1], st->count);
+      } else { /* no local operand: in0 op in1 */
+        fn(value, in[0], in[1], st->count);
+      }
     }
     if (st->postOp && op->redop == gcommAvg)
       divideTable[op->datatype](value, st->count, comm->nranks);
@@ -1430,28 +1434,19 @@ static double predictGpuUs(int func, int algo, int proto, int n, double bytes, i
 }
 #endif
 
-/* The one-shot all-reduce sums in a different order on every rank: with more than two ranks,
- * floating-point results could differ in their last bits between ranks. The cost model takes it
- * for two ranks only (a + b == b + a exactly); GCOMM_ALGO=direct still forces it. */
-static int sameOnEveryRank(int func, int algo, int n) {
-  return !(func == gcommFuncAllReduce && algo == gcommAlgoDirect && n > 2);
-}
-
 static int chooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   if (comm->params.algo >= 0) return gcommSchedAlgo(func, comm->params.algo);
 #ifdef GCOMM_GPU
   /* GPUs (measured on 2 H200s, docs/PERF.md): the one-shot all-reduce (one hop) wins while each
    * rank's (n-1) copies stay small; elsewhere the ring. */
   if (comm->device >= 0) {
-    int small = func == gcommFuncAllReduce && bytes * (size_t)(comm->nranks - 1) <= (2u << 20) &&
-                sameOnEveryRank(func, gcommAlgoDirect, comm->nranks);
+    int small = func == gcommFuncAllReduce && bytes * (size_t)(comm->nranks - 1) <= (2u << 20);
     return gcommSchedAlgo(func, small ? gcommAlgoDirect : gcommAlgoRing);
   }
 #endif
   int best = gcommSchedAlgo(func, gcommAlgoRing);
   double bestUs = predictUs(func, best, comm->nranks, (double)bytes);
   for (int a = 0; a < gcommNumAlgos; a++) {
-    if (!sameOnEveryRank(func, a, comm->nranks)) continue;
     double us = predictUs(func, a, comm->nranks, (double)bytes);
     if (us >= 0 && us < bestUs) best = a, bestUs = us;
   }

@@ -249,8 +249,9 @@ static __device__ __forceinline__ typename Dt<DT>::S elem(const StepIo& io, size
     v = ((const T*)io.src)[i];
   } else if (!io.reduce) {
     v = ((const volatile T*)io.in[0])[i];
-  } else {
-    v = red<DT, OP>(((const T*)io.src)[i], ((const volatile T*)io.in[0])[i]);
+  } else { /* src op in0 [op in1], or in0 op in1 without a local operand */
+    v = ((const volatile T*)io.in[0])[i];
+    if (io.src) v = red<DT, OP>(((const T*)io.src)[i], v);
     if (io.in[1]) v = red<DT, OP>(v, ((const volatile T*)io.in[1])[i]);
   }
   if (io.div) v = divide<DT>(v, io.nranks);
@@ -264,9 +265,10 @@ static __device__ __forceinline__ Pack packValue(const StepIo& io, const Pack& x
   constexpr int N = 16 / sizeof(typename Dt<DT>::S);
   if (io.in[0] == NULL) return x;
   if (!io.reduce) return y;
-  Pack v;
+  Pack v = y; /* src op in0 [op in1], or in0 op in1 without a local operand */
+  if (io.src)
 #pragma unroll
-  for (int e = 0; e < N; e++) v.e[e] = red<DT, OP>(x.e[e], y.e[e]);
+    for (int e = 0; e < N; e++) v.e[e] = red<DT, OP>(x.e[e], y.e[e]);
   if (io.in[1])
 #pragma unroll
     for (int e = 0; e < N; e++) v.e[e] = red<DT, OP>(v.e[e], z.e[e]);
@@ -292,7 +294,7 @@ static __device__ __noinline__ void reduceStep(const StepIo& io) {
     uint4* o0 = (uint4*)io.out[0];
     uint4* o1 = (uint4*)io.out[1];
     uint4* o2 = (uint4*)io.out[2];
-    const bool needSrc = a == NULL || io.reduce, needB = b != NULL && io.reduce;
+    const bool needSrc = s != NULL && (a == NULL || io.reduce), needB = b != NULL && io.reduce;
     size_t stride = (size_t)blockDim.x * UNROLL, i = threadIdx.x;
     /* whole tiles: every load of the tile is issued before the first use (no bounds checks in
      * between), so each thread keeps 2-3 x UNROLL loads in flight */
@@ -399,16 +401,16 @@ static __device__ __noinline__ void llStep(const StepIo& io, const LlWait& w) {
     }
     if (io.in[0]) {
       x.u = llRead((const uint4*)io.in[0] + j, io.flagIn[0], w, io.inPeer[0]);
-      if (io.reduce) {
+      if (!io.reduce || !src) { /* received data, or in0 op in1 without a local operand */
+        v.u = x.u;
+      } else {
 #pragma unroll
         for (int e = 0; e < E; e++) v.e[e] = red<DT, OP>(v.e[e], x.e[e]);
-        if (io.in[1]) {
-          x.u = llRead((const uint4*)io.in[1] + j, io.flagIn[1], w, io.inPeer[1]);
+      }
+      if (io.reduce && io.in[1]) {
+        x.u = llRead((const uint4*)io.in[1] + j, io.flagIn[1], w, io.inPeer[1]);
 #pragma unroll
-          for (int e = 0; e < E; e++) v.e[e] = red<DT, OP>(v.e[e], x.e[e]);
-        }
-      } else {
-        v.u = x.u;
+        for (int e = 0; e < E; e++) v.e[e] = red<DT, OP>(v.e[e], x.e[e]);
       }
     }
     if (io.div)

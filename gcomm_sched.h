@@ -125,7 +125,8 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
   if (s->func == gcommFuncSend || s->func == gcommFuncRecv || n == 1) return 1;
   switch (s->func) {
     case gcommFuncAllReduce:
-      return s->algo == gcommAlgoTree ? 2 : s->algo == gcommAlgoDirect ? 2 * n - 2 : 2 * n - 1;
+      if (s->algo == gcommAlgoDirect) return n == 2 ? 2 : 2 * ((n + 1) / 2);
+      return s->algo == gcommAlgoTree ? 2 : 2 * n - 1;
     case gcommFuncBroadcast:
       return (s->algo == gcommAlgoDirect && r == s->root) ? n : 1;
     case gcommFuncReduce:
@@ -196,6 +197,28 @@ GCOMM_HD void gcommTreeStep(const gcommSched_t* s, int up, int srcBuf, size_t of
       st->dst = GCOMM_BUF_OUT;
     }
   }
+}
+
+/* The one-shot all-reduce with more than two ranks: every rank sends its input to every rank,
+ * itself included (through its self FIFO), two a step, then sums the n inputs in rank order, two
+ * a step: ((x0 op x1) op x2) op ... is then the same expression on every rank, so every rank gets
+ * the same bits (a rank-dependent order could differ in the last bits for floating point). */
+GCOMM_HD void gcommOneShotInOrder(int r, int n, long t, size_t off, gcommStep_t* st) {
+  long half = (n + 1) / 2;
+  st->srcOff = st->dstOff = off;
+  if (t < half) {
+    st->src = GCOMM_BUF_IN;
+    st->sendPeer[0] = (r + 1 + 2 * (int)t) % n;
+    if (2 * t + 1 < n) st->sendPeer[1] = (r + 2 + 2 * (int)t) % n;
+    return;
+  }
+  long k = t - half; /* receives the inputs of ranks 2k and 2k+1 */
+  st->recvPeer[0] = (int)(2 * k);
+  if (2 * k + 1 < n) st->recvPeer[1] = (int)(2 * k + 1);
+  st->reduce = 1;
+  st->src = k == 0 ? GCOMM_BUF_NONE : GCOMM_BUF_OUT; /* the first step: in0 op in1 */
+  st->dst = GCOMM_BUF_OUT;
+  st->postOp = k == half - 1;
 }
 
 /* The direct pattern: in round step t, t < n-1 sends to rank+1+t, t == n-1 is the local part,
@@ -315,7 +338,10 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
         up.root = 0;
         gcommTreeStep(&up, t == 0, GCOMM_BUF_OUT, off, c, st);
       } else {
-        gcommDirectReduce(r, n, t, 0, off, st); /* one-shot: every block is the whole range */
+        if (n == 2)
+          gcommDirectReduce(r, n, t, 0, off, st); /* x0 op x1 == x1 op x0: the same bits */
+        else
+          gcommOneShotInOrder(r, n, t, off, st);
       }
       return;
 
