@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test/test_fault.sh - failures that need more than one MPI job can show (`make test-fault`).
 #
-#   kill  test_netkill with every rank on one node (shm): rank 1 is SIGKILLed 30 ms into a 32 MiB
+#   kill  test_netkill with every rank on one node (shm): rank 1 is SIGKILLed 3 ms into a 32 MiB
 #         all-reduce (mid) or right before it (before), thread or poll mode. Every survivor must
 #         return an error naming rank 1 within TEST_KILL_MAX_S (5 s; GCOMM_TIMEOUT_MS is 60 s, so
 #         only the pid and status probes can find it), then abort and destroy must succeed, and

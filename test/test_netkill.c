@@ -3,14 +3,14 @@
  *
  * TEST_KILL_RANK=k (run under `mpiexec -disable-auto-cleanup` by test/test_net.sh, with
  * GCOMM_HOSTID pretend nodes, and by test/test_fault.sh, all ranks on one node over shm): rank k
- * posts a large all-reduce, lets it run TEST_KILL_AFTER_MS (default 30) and kills itself
- * (TEST_KILL_MOMENT=before: it dies right before the call instead). Every other rank checks that
- * gcommWait returns an error (not success, no hang, no crash) within GCOMM_TIMEOUT_MS + 5 s (or
- * TEST_KILL_MAX_S) and that gcommGetLastError names "rank k"; then, once every survivor has seen
- * its error, that gcommCommAbort and gcommCommDestroy succeed. Each survivor prints its own
- * PASS/FAIL line (and writes it to TEST_NETKILL_DIR/rankR).
- * Without TEST_KILL_RANK (as test/run.sh runs it) it checks the same all-reduce completes.
- * TEST_POLL=1 uses a polled communicator.
+ * posts a large all-reduce, lets it run TEST_KILL_AFTER_MS (default 3: well inside even a 2-rank
+ * shared-memory all-reduce of 32 MiB) and kills itself (TEST_KILL_MOMENT=before: it dies right
+ * before the call instead). Every other rank checks that gcommWait returns an error (not success,
+ * no hang, no crash) within GCOMM_TIMEOUT_MS + 5 s (or TEST_KILL_MAX_S) and that gcommGetLastError
+ * names "rank k"; then, once every survivor has seen its error, that gcommCommAbort and
+ * gcommCommDestroy succeed. Each survivor prints its own PASS/FAIL line (and writes it to
+ * TEST_NETKILL_DIR/rankR). Without TEST_KILL_RANK (as test/run.sh runs it) it checks the same
+ * all-reduce completes. TEST_POLL=1 uses a polled communicator.
  */
 #include <mpi.h>
 #include <signal.h>
@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   const char* k = getenv("TEST_KILL_RANK");
   int victim = k ? atoi(k) : -1;
-  int afterMs = getenv("TEST_KILL_AFTER_MS") ? atoi(getenv("TEST_KILL_AFTER_MS")) : 30;
+  int afterMs = getenv("TEST_KILL_AFTER_MS") ? atoi(getenv("TEST_KILL_AFTER_MS")) : 3;
   int poll = getenv("TEST_POLL") && atoi(getenv("TEST_POLL"));
   int before = getenv("TEST_KILL_MOMENT") && strcmp(getenv("TEST_KILL_MOMENT"), "before") == 0;
   const char* dir = getenv("TEST_NETKILL_DIR");

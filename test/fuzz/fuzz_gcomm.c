@@ -55,9 +55,10 @@ static void fuzzParams(const uint8_t* d, size_t size) {
     memset(&p, 0, sizeof(p));
     if (def->kind == PARAM_LOG || paramSet(&p, def, text) != 0) continue;
     const char* field = (const char*)&p + def->offset;
-    int64_t v = def->offset == PARAM_AT(nChannels) ? *(const int*)field : *(const int64_t*)field;
-    if (def->kind == PARAM_INT || def->kind == PARAM_SIZE)
+    if (def->kind == PARAM_INT || def->kind == PARAM_SIZE) { /* int64_t fields, but nChannels */
+      int64_t v = def->offset == PARAM_AT(nChannels) ? *(const int*)field : *(const int64_t*)field;
       expect(v >= def->min && v <= def->max, "an accepted value is within the table's range");
+    }
     if (def->kind == PARAM_ENUM)
       expect(*(const int*)field >= -1 && *(const int*)field < 8, "an enum value is a choice");
   }
