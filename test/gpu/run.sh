@@ -58,10 +58,13 @@ if want profiler; then
   GCOMM_PROFILER_PLUGIN=$PWD/$B/examples/libgcomm-profiler-trace.so GCOMM_PROFILER_TRACE=$OUT/prof-%r.json \
     step profiler 120 $RUN 2 -x GCOMM_PROFILER_PLUGIN -x GCOMM_PROFILER_TRACE $B/gcomm_perf --coll all -b 1K -e 4M -f 8 -n 3 -w 1
   step profiler_check 60 python3 tools/gcomm_trace.py --check --ranks 2 -o $OUT/prof-merged.json $OUT/prof-0.json $OUT/prof-1.json
-  grep -o '"cat":"kernelch"[^}]*' $OUT/prof-merged.json | head -5 >> $OUT/profiler_check.log
+  # the GPU's own events must be there: kernel-channel slices from device timestamps
+  n=$(grep -o '"cat":"kernelch"' $OUT/prof-merged.json | wc -l)
+  echo "=== profiler_kernelch: $n kernel-channel events $([ "$n" -gt 0 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
 fi
 if want sanitizer && command -v compute-sanitizer >/dev/null; then
   step sanitizer 120 $RUN 2 compute-sanitizer --tool memcheck --print-limit 10 $B/test/gpu/test_gpu --quick
+  step racecheck 300 $RUN 2 compute-sanitizer --tool racecheck --print-limit 10 $B/test/gpu/test_gpu --quick
 fi
 # host memory: gcomm beside MPICH's own collectives (16 cores here, unlike the 2-core CI machine)
 if want host && [ -n "$MPIEXEC_MPICH" ]; then
