@@ -571,7 +571,11 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
   __shared__ const char* shIn[2];
   __shared__ char* shOut[2];
   __shared__ uint32_t shFlagIn[2], shFlagOut[2];
-  __shared__ volatile int shFail;
+  /* shFail: thread 0's wait failed (written before the step's first barrier, read after it);
+   * shDataFail: an LL wait of any thread failed (only ever set, then the block returns). Two flags,
+   * so that thread 0 writing the next step's shFail never races a slow thread's read of this
+   * step's outcome after the second barrier. */
+  __shared__ volatile int shFail, shDataFail;
   /* The block's lane's connections (send to p at [p], receive from p at [n + p]) with their
    * counters (gcomm_device.h: send step, receive step, known head), in shared memory: a step then
    * reads no global memory but the FIFO counters it polls. The counters this block moved go back
@@ -580,7 +584,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
   extern __shared__ char shCache[];
   const int tid = threadIdx.x;
   const gcommDevComm_t& comm = a.hostCopy; /* kernel parameters: no global load */
-  if (tid == 0) shFail = 0;
+  if (tid == 0) shFail = shDataFail = 0;
   const int n = comm.nranks;
   const int lane0 = a.works[a.first[blockIdx.x]].lane;
   const bool cached = n <= GCOMM_DEV_CACHE_RANKS;
@@ -691,12 +695,12 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
         io.flagOut[k] = shFlagOut[k];
         io.inPeer[k] = st.recvPeer[k];
       }
-      LlWait lw = {a.comm, &comm, &shFail, w.lane, sched.func, s};
+      LlWait lw = {a.comm, &comm, &shDataFail, w.lane, sched.func, s};
       if (bytes > 0) dataStep(io, w.datatype, w.redop, ll, lw);
       /* Simple: the barrier orders every thread's slot stores before thread 0's release store
        * of the tail (system scope, cumulative), as NCCL's one fence per post does */
       __syncthreads();
-      if (shFail) return;
+      if (shDataFail) return;
       if (tid == 0) {
         for (int k = 0; k < 2; k++) {
           if (st.sendPeer[k] >= 0) {

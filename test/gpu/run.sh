@@ -59,7 +59,7 @@ if want profiler; then
     step profiler 120 $RUN 2 -x GCOMM_PROFILER_PLUGIN -x GCOMM_PROFILER_TRACE $B/gcomm_perf --coll all -b 1K -e 4M -f 8 -n 3 -w 1
   step profiler_check 60 python3 tools/gcomm_trace.py --check --ranks 2 -o $OUT/prof-merged.json $OUT/prof-0.json $OUT/prof-1.json
   # the GPU's own events must be there: kernel-channel slices from device timestamps
-  n=$(grep -o '"cat":"kernelch"' $OUT/prof-merged.json | wc -l)
+  n=$(grep -oE '"cat": *"kernelch"' $OUT/prof-merged.json | wc -l)
   echo "=== profiler_kernelch: $n kernel-channel events $([ "$n" -gt 0 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
 fi
 if want sanitizer && command -v compute-sanitizer >/dev/null; then
