@@ -613,6 +613,9 @@ static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, ui
   gcommStatus_t* st = gcommShmStatus(comm, q);
   if (st == NULL) return gcommSuccess;
   int code = __atomic_load_n(&st->code, __ATOMIC_ACQUIRE);
+  /* A rank that finished all its work and destroyed the communicator stops only the ranks that
+   * wait on it directly (it will never send or drain again); others wait on slower ranks. */
+  if (code != 0 && st->finished && q != w->waitPeer) return gcommSuccess;
   if (code != 0) {
     char msg[sizeof(st->msg)];
     memcpy(msg, st->msg, sizeof(msg));
@@ -1329,6 +1332,10 @@ gcommResult_t gcommCommDestroy(gcommComm_t comm) {
       if (__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
     res = gcommWait(comm, NULL); /* outstanding work finishes first */
   /* a rank still blocked on this one now called something this one never will */
+  gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
+  if (st != NULL && res == gcommSuccess &&
+      __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
+    st->finished = 1; /* before the code: readers load the code with acquire */
   publishStop(comm, gcommRemoteError, "gcommCommDestroy was called there");
   commFree(comm);
   return res == gcommAborted ? gcommSuccess : res;

@@ -241,8 +241,9 @@ struct gcommComm {
  * mismatch even when no data can flow, e.g. two ranks that both think they are the root). */
 #define GCOMM_STATUS_LANES 32 /* collective channels: GCOMM_NCHANNELS <= 32 */
 typedef struct {
-  volatile int code; /* 0, or the gcommResult_t that stopped the rank (written after msg) */
-  char msg[508];
+  volatile int code;     /* 0, or the gcommResult_t that stopped the rank (written after msg) */
+  volatile int finished; /* the rank destroyed the communicator after all its work succeeded */
+  char msg[504];
   volatile uint64_t current[GCOMM_STATUS_LANES]; /* (seq + 1) << 32 | tag, 0: none yet */
 } gcommStatus_t;
 
