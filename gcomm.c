@@ -514,12 +514,6 @@ void gcommDescribeMismatch(char* buf, size_t len, uint64_t got, uint64_t expecte
     snprintf(buf, len, "its count differs from this rank's");
 }
 
-/* A slot's word: the payload size and the call's tag (across nodes the tag travels as the
- * message's completion data, transports/net_ofi.c). */
-static uint64_t slotWord(const gcommOp_t* op, size_t bytes) {
-  return GCOMM_SLOT_WORD(op->tag, bytes);
-}
-
 static char* slotOf(gcommConn_t* c) {
   return c->slots + (c->step % GCOMM_STEPS) * c->slotBytes;
 }
@@ -538,7 +532,7 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
     if (st->recvPeer[i] >= 0) {
       int peer = st->recvPeer[i];
       gcommConn_t* c = recvConn(comm, w->lane, peer);
-      uint64_t got = c->fifo->bytes[c->step % GCOMM_STEPS], want = slotWord(op, bytes);
+      uint64_t got = c->fifo->bytes[c->step % GCOMM_STEPS], want = GCOMM_SLOT_WORD(op->tag, bytes);
       if (got != want) {
         char what[256];
         gcommDescribeMismatch(what, sizeof(what), got, want);
@@ -578,7 +572,9 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
   for (int i = 0; i < 2; i++) {
     if (st->sendPeer[i] >= 0) {
       gcommConn_t* c = sendConn(comm, w->lane, st->sendPeer[i]);
-      c->fifo->bytes[c->step % GCOMM_STEPS] = slotWord(op, bytes);
+      /* the payload size and the call's tag (across nodes the tag travels as the message's
+       * completion data, transports/net_ofi.c) */
+      c->fifo->bytes[c->step % GCOMM_STEPS] = GCOMM_SLOT_WORD(op->tag, bytes);
       __atomic_store_n(&c->fifo->tail, ++c->step, __ATOMIC_RELEASE);
     }
     if (st->recvPeer[i] >= 0) {
