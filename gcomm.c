@@ -61,7 +61,7 @@ static const gcommParamDef_t paramTable[] = {
      "force the algorithm: ring, tree or direct (default: the cost model picks)"},
     {"GCOMM_PROTO", "", PARAM_ENUM, PARAM_AT(proto), protoNames, 0, 0,
      "GPU communicators: force the protocol, simple or ll (default: the cost model picks)"},
-    {"GCOMM_NCHANNELS", "2", PARAM_INT, PARAM_AT(nChannels), NULL, 1, 32,
+    {"GCOMM_NCHANNELS", "2", PARAM_INT, PARAM_AT(nChannels), NULL, 1, GCOMM_MAX_CHANNELS,
      "parallel channels (each with its own FIFOs); config.nChannels"},
     {"GCOMM_BUFFSIZE", "1M", PARAM_SIZE, PARAM_AT(buffSize), NULL, 512, (int64_t)1 << 30,
      "bytes of one connection FIFO (8 slots)"},
@@ -1048,9 +1048,9 @@ static gcommResult_t checkConfig(const gcommConfig_t* config) {
                        "config->proxyMode %d is neither GCOMM_PROXY_THREAD nor GCOMM_PROXY_POLL",
                        config->proxyMode);
   if (config->nChannels != GCOMM_CONFIG_UNDEF_INT &&
-      (config->nChannels < 1 || config->nChannels > 32))
-    return GCOMM_ERROR(NULL, gcommInvalidArgument, -1, "config->nChannels %d is not in 1..32",
-                       config->nChannels);
+      (config->nChannels < 1 || config->nChannels > GCOMM_MAX_CHANNELS))
+    return GCOMM_ERROR(NULL, gcommInvalidArgument, -1, "config->nChannels %d is not in 1..%d",
+                       config->nChannels, GCOMM_MAX_CHANNELS);
 #ifdef GCOMM_GPU
   if (config->device != GCOMM_CONFIG_UNDEF_INT && config->device < GCOMM_DEVICE_HOST)
     return GCOMM_ERROR(NULL, gcommInvalidArgument, -1,

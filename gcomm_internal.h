@@ -148,6 +148,7 @@ typedef struct {
 } gcommCard_t;
 
 #define GCOMM_COMM_MAGIC 0x636f6d6du
+#define GCOMM_MAX_CHANNELS 64 /* GCOMM_NCHANNELS, config.nChannels */
 
 /* ---- Profiler (gcomm_profiler.h; the plugin section of gcomm.c) ---- */
 typedef struct {
@@ -239,7 +240,7 @@ struct gcommComm {
  * blocked on it fails fast and names it: the error that stopped it, and the collective each
  * collective channel is in (a rank at the same sequence number in a different call is a
  * mismatch even when no data can flow, e.g. two ranks that both think they are the root). */
-#define GCOMM_STATUS_LANES 32 /* collective channels: GCOMM_NCHANNELS <= 32 */
+#define GCOMM_STATUS_LANES GCOMM_MAX_CHANNELS /* one per collective channel */
 typedef struct {
   volatile int code;     /* 0, or the gcommResult_t that stopped the rank (written after msg) */
   volatile int finished; /* the rank destroyed the communicator after all its work succeeded */

@@ -3,8 +3,8 @@
 # $NCCL_HOME has it), GPU correctness at 2 ranks on 2 GPUs, the benchmark beside NCCL, then 4 ranks
 # on 2 GPUs and 2 ranks on 1 GPU, then compute-sanitizer. Logs go to $OUT (or ./gpu-logs).
 # Usage (from the repository root): bash test/gpu/run.sh
-# STAGES picks parts (default: all of them): build test perf sweep large quick profiler sanitizer
-# host.
+# STAGES picks parts (default: all but knobs and channels): build test perf sweep knobs channels
+# large quick profiler sanitizer host.
 # One device call may run 10 minutes: split the stages over two calls when all do not fit.
 STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -47,6 +47,12 @@ fi
 if want knobs; then
   for b in 2M 8M 16M; do
     GCOMM_BUFFSIZE=$b step knobs_buff$b 120 $RUN 2 -x GCOMM_BUFFSIZE $B/gcomm_perf --coll allreduce,reduce,reducescatter,broadcast -b 256M -e 256M -n 10 -w 3 -c 0 --backend gcomm
+  done
+fi
+# channel count (blocks per collective) against the same large-message rates (default 32)
+if want channels; then
+  for c in 16 48 64; do
+    GCOMM_NCHANNELS=$c step channels_$c 120 $RUN 2 -x GCOMM_NCHANNELS $B/gcomm_perf --coll allreduce,reduce,reducescatter,broadcast,alltoall -b 256M -e 256M -n 10 -w 3 -c 0 --backend gcomm
   done
 fi
 want large && step perf_2r_large 300 $RUN 2 $B/gcomm_perf --coll all -b 64M -e 4G -f 4 -n 10 -w 3 -c 0 --backend $PERFBACK
