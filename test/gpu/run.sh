@@ -76,7 +76,7 @@ if want p2pdisable; then
   GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=INIT step p2pdis_2r${NG}g 150 $RUN 2 $P2PENV $B/test/gpu/test_gpu --quick
   GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=INIT TEST_NGPUS=1 step p2pdis_2r1g 150 $RUN 2 $P2PENV $B/test/gpu/test_gpu --quick
   n=$(cat $OUT/p2pdis_2r*g.log | grep -c "FIFO region of .* in pinned shared host memory")
-  echo "=== p2pdis_staged: $n staged FIFO regions in the tests' logs $([ "$n" -ge 32 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
+  echo "=== p2pdis_staged: $n FIFO regions in pinned host memory in the tests' logs (32 expected: 8 comms x 2 ranks x 2 runs) $([ "$n" -ge 32 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
   step p2pdis_perf 150 $RUN 2 $P2PENV $B/gcomm_perf --coll allreduce,broadcast,sendrecv -b 8 -e 256M -f 8 --backend $PERFBACK
   unset GCOMM_P2P_DISABLE NCCL_P2P_DISABLE
 fi
