@@ -81,6 +81,10 @@ static const gcommParamDef_t paramTable[] = {
      "ranks with the same value share a node (default: MPI_COMM_TYPE_SHARED)"},
     {"GCOMM_PROFILER_PLUGIN", "", PARAM_STR, PARAM_AT(profilerPlugin), NULL, 0, 0,
      "profiler plugin: a path, or NAME for libgcomm-profiler-NAME.so (default: none)"},
+#ifdef GCOMM_GPU
+    {"GCOMM_P2P_DISABLE", "0", PARAM_INT, PARAM_AT(p2pDisable), NULL, 0, 1,
+     "1: GPU FIFOs in pinned shared host memory instead of GPU memory shared through IPC"},
+#endif
 #ifdef GCOMM_OFI
     {"GCOMM_NET_DISABLE", "0", PARAM_INT, PARAM_AT(netDisable), NULL, 0, 1,
      "1: refuse ranks on other nodes instead of using the network (OFI=1 builds)"},
@@ -1119,7 +1123,11 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   card.pid = getpid();
   card.device = comm->device;
   gethostname(card.host, sizeof(card.host) - 1);
-  gcommResult_t res = gcommShmCreate(comm, &card);
+  size_t gpuShmBytes = 0; /* a GPU FIFO region staged through host memory, in the shm segment */
+#ifdef GCOMM_GPU
+  GCOMM_CHECK(agree(comm, gcommDevicePlaceFifos(comm, hostId, &gpuShmBytes), "GPU FIFO placement"));
+#endif
+  gcommResult_t res = gcommShmCreate(comm, &card, gpuShmBytes);
 #ifdef GCOMM_GPU
   if (res == gcommSuccess && comm->device >= 0) res = gcommDeviceSetup(comm, &card);
 #endif
@@ -1322,7 +1330,7 @@ gcommResult_t gcommCommDestroy(gcommComm_t comm) {
   gcommResult_t res = gcommSuccess;
 #ifdef GCOMM_GPU
   if (comm->device >= 0)
-    gcommDeviceQuiesce(comm); /* the GPU's work, then every rank's */
+    res = gcommDeviceQuiesce(comm); /* the GPU's work, then every rank's */
   else
 #endif
       if (__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)

@@ -2,16 +2,19 @@
  * gcomm_device.h - the GPU engine's internal interface (GPU builds only, CUDA or HIP: gcomm.c
  * includes it under #ifdef GCOMM_GPU; gcomm_gpu.h maps the cuda* names below to hip* for HIP).
  * transports/p2p.c owns the connection FIFOs in GPU memory, shared with the other local ranks
- * through CUDA IPC; gcomm_kernels.cu runs the schedules of gcomm_sched.h over them, one block per
- * queue (a collective channel, or one point-to-point channel of one direction to one peer: a
- * Send/Recv is split over up to nP2pChannels of them).
+ * through CUDA IPC (or staged in pinned shared host memory); gcomm_kernels.cu runs the schedules of
+ * gcomm_sched.h over them, one block per queue (a collective channel, or one point-to-point channel
+ * of one direction to one peer: a Send/Recv is split over up to nP2pChannels of them).
  *
- * Layout of one rank's region (one cudaMalloc, exported with cudaIpcGetMemHandle):
+ * Layout of one rank's region (one cudaMalloc exported with cudaIpcGetMemHandle; or, staged
+ * (GCOMM_P2P_DISABLE), an area of the rank's shm segment that every local process registers with
+ * cudaHostRegister):
  *   recv FIFOs  [local sender][lane]: a 256-byte header (tail at 0, written by the sender;
  *               bytes[GCOMM_STEPS] at 64), GCOMM_STEPS slots of slotBytes (Simple), then
  *               GCOMM_STEPS LL slots of GCOMM_LL_SLOT_BYTES (zeroed at setup: no line carries a
  *               flag before it is written)
  *   send heads  [local receiver][lane]: 128 bytes, head at 0, written by the receiver
+ * and, in a separate cudaMalloc that no other rank reads:
  *   steps       [GCOMM_DEV_COUNTERS][lane * nranks + peer]: this rank's own counters, persistent
  *               across launches like gcommConn_t.step: send steps, receive steps, and for each
  *               send connection the receiver's head as last read (a sender that knows the slot
@@ -105,7 +108,12 @@ int gcommKernelTimerPing(volatile uint64_t* flags, void* stream);
 /* Picks the device (config->device, or the current device when undefined and a GPU exists);
  * sets comm->device, GCOMM_DEVICE_HOST for a host communicator. */
 gcommResult_t gcommDeviceSelect(gcommComm_t comm, const gcommConfig_t* config);
-/* Allocates this rank's region and exports it into card->devHandle. */
+/* Collective (every rank, GPU communicator or not, before gcommShmCreate): where the FIFO regions
+ * live, the same on every rank: GPU memory shared through CUDA IPC, or staged in pinned shared
+ * host memory when any rank sets GCOMM_P2P_DISABLE=1 or has a GPU of its node it cannot access as
+ * a peer. *shmBytes: what gcommShmCreate must reserve for the region (0: GPU memory). */
+gcommResult_t gcommDevicePlaceFifos(gcommComm_t comm, uint64_t hostId, size_t* shmBytes);
+/* Allocates (or registers) this rank's region; exports it into card->devHandle (IPC). */
 gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card);
 /* Opens every local peer's region and builds the device connections (after the card exchange). */
 gcommResult_t gcommDeviceConnect(gcommComm_t comm);
@@ -118,9 +126,11 @@ gcommResult_t gcommDeviceWait(gcommComm_t comm, void* stream, const char* where)
  * error and async error; gcommSuccess when there is none. */
 gcommResult_t gcommDeviceKernelError(gcommComm_t comm, const char* where);
 void gcommDeviceAbort(gcommComm_t comm);
-/* gcommCommDestroy: waits for the GPU (kernels end by themselves: deadline, abort), then, unless
- * the communicator failed, for every rank, so that no peer still writes into a region freed. */
-void gcommDeviceQuiesce(gcommComm_t comm);
+/* gcommCommDestroy: waits for this communicator's kernels on every stream it launched on (they
+ * end by themselves: done, deadline, abort), then, unless the communicator failed, for every rank,
+ * so that no peer still writes into a region freed; each wait is bounded by GCOMM_TIMEOUT_MS.
+ * gcommTimeout when either deadline passed (logged, and the memory kernels use is never freed). */
+gcommResult_t gcommDeviceQuiesce(gcommComm_t comm);
 void gcommDeviceFree(gcommComm_t comm);
 /* checkArgs: a pointer the GPU cannot use (plain pageable host memory). */
 int gcommDeviceBadPointer(const void* ptr);

@@ -55,12 +55,27 @@
 #define cudaHostAllocMapped (hipHostMallocMapped | hipHostMallocCoherent)
 #define cudaHostGetDevicePointer hipHostGetDevicePointer
 #define cudaFreeHost hipHostFree
+/* a staged FIFO region: shm registered in every process that maps it (transports/p2p.c) */
+#define cudaHostRegister hipHostRegister
+#define cudaHostRegisterMapped hipHostRegisterMapped
+#define cudaHostRegisterPortable hipHostRegisterPortable
+#define cudaHostUnregister hipHostUnregister
 #define cudaIpcMemHandle_t hipIpcMemHandle_t
 #define cudaIpcGetMemHandle hipIpcGetMemHandle
 #define cudaIpcOpenMemHandle hipIpcOpenMemHandle
 #define cudaIpcCloseMemHandle hipIpcCloseMemHandle
 #define cudaIpcMemLazyEnablePeerAccess hipIpcMemLazyEnablePeerAccess
 #define cudaStreamQuery hipStreamQuery
+/* destroy's wait: an event after each stream's latest launch, none while capturing */
+#define cudaEvent_t hipEvent_t
+#define cudaEventCreateWithFlags hipEventCreateWithFlags
+#define cudaEventDisableTiming hipEventDisableTiming
+#define cudaEventRecord hipEventRecord
+#define cudaEventQuery hipEventQuery
+#define cudaEventDestroy hipEventDestroy
+#define cudaStreamIsCapturing hipStreamIsCapturing
+#define cudaStreamCaptureStatus hipStreamCaptureStatus /* an enum tag too */
+#define cudaStreamCaptureStatusNone hipStreamCaptureStatusNone
 /* the profiler's clock calibration (transports/p2p.c) */
 #define cudaStreamCreateWithFlags hipStreamCreateWithFlags
 #define cudaStreamNonBlocking hipStreamNonBlocking

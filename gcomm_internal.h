@@ -67,6 +67,7 @@ typedef struct {
   int64_t dumpSignal;    /* GCOMM_PROXY_DUMP_SIGNAL */
   int64_t timeoutMs;     /* GCOMM_TIMEOUT_MS */
   int64_t checkMismatch; /* GCOMM_CHECK_MISMATCH */
+  int64_t p2pDisable;    /* GCOMM_P2P_DISABLE (GPU builds) */
   const char* hostId;    /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
   int64_t netDisable;       /* GCOMM_NET_DISABLE */
@@ -250,12 +251,16 @@ typedef struct {
 
 /* ---- Shared-memory transport (transports/shm.c) ---- */
 /* Creates this rank's segment: the FIFOs every local rank (itself included) sends to it on every
- * lane. Names it in card->shmName. */
-gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card);
+ * lane, and an area of areaBytes (0: none) for the caller, allocated now and zero (a GPU
+ * communicator's FIFO region staged through host memory). Names it in card->shmName. */
+gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaBytes);
 /* Maps every local peer's segment and fills the connections; then, after all ranks have mapped
  * (the caller's barrier), gcommShmUnlink removes the names so nothing outlives the processes. */
 gcommResult_t gcommShmConnect(gcommComm_t comm);
 void gcommShmUnlink(gcommComm_t comm);
+/* The area reserved in rank's segment, as mapped in this process (after gcommShmConnect for
+ * another rank), or NULL: none reserved, rank not on this node or not mapped. */
+void* gcommShmArea(gcommComm_t comm, int rank);
 /* rank's status in its segment, or NULL when rank is not on this node (or not mapped yet). */
 gcommStatus_t* gcommShmStatus(gcommComm_t comm, int rank);
 void gcommShmFree(gcommComm_t comm);

@@ -4,11 +4,16 @@
  * compiles this same file: gcomm_gpu.h maps the cuda* names to hip* (hipIpcGetMemHandle, ...).
  *
  * Each rank allocates one region in its GPU's memory (layout in gcomm_device.h) holding the FIFOs
- * it receives on, the head counters of the FIFOs it sends on, and its own step counters. The
- * region is exported with cudaIpcGetMemHandle, the handles travel in the cards exchanged at init,
- * and every local peer opens them (cudaIpcMemLazyEnablePeerAccess turns on NVLink peer access
- * between different GPUs; two ranks on one GPU need nothing more). After init no MPI is used:
- * kernels talk through the FIFOs alone.
+ * it receives on and the head counters of the FIFOs it sends on. The region is exported with
+ * cudaIpcGetMemHandle, the handles travel in the cards exchanged at init, and every local peer
+ * opens them (cudaIpcMemLazyEnablePeerAccess turns on NVLink peer access between different GPUs;
+ * two ranks on one GPU need nothing more). Staged (GCOMM_P2P_DISABLE=1, or two GPUs of a node that
+ * cannot access each other as peers), the region is instead an area of the rank's shm segment
+ * (transports/shm.c), which every process of the node maps anyway; each registers every local
+ * region with cudaHostRegister (mapped, portable) and gives its kernels the device addresses. The
+ * kernels are the same: system-scope release/acquire and L1-bypassing loads hold over PCIe too.
+ * A rank's step counters, which no other rank reads, stay in its GPU's memory either way. After
+ * init no MPI is used but destroy's barrier: kernels talk through the FIFOs alone.
  */
 #include <sched.h>
 #include <stdio.h>
@@ -19,15 +24,30 @@
 #include "gcomm_device.h"
 #include "gcomm_gpu.h" /* CUDA, or HIP (GCOMM_HIP) under the same cuda* names */
 
+/* A stream this communicator launched on, and an event recorded after its latest launch there. */
+typedef struct {
+  cudaStream_t stream;
+  cudaEvent_t done;
+} launchMark_t;
+
 struct gcommDev {
-  char* region;      /* this rank's region (cudaMalloc) */
-  char** peerRegion; /* [rank]: opened IPC mapping, NULL for self and remote ranks */
-  size_t fifoBytes, regionBytes, headOff, stepOff;
+  int staged;        /* the regions are in pinned shared host memory, not GPU memory */
+  char* region;      /* this rank's region as its kernels address it (cudaMalloc, or registered) */
+  char** peerRegion; /* [rank]: a local peer's region as this rank's kernels address it (opened
+                        IPC mapping, or registered), NULL for self and remote ranks */
+  uint64_t* steps;   /* this rank's step counters (cudaMalloc) */
+  size_t fifoBytes, regionBytes, headOff;
   gcommDevComm_t host;     /* host copy of the device communicator */
   gcommDevComm_t* devComm; /* device copy */
   gcommDevConn_t* conns;   /* device arrays: send then recv */
   void* hostMapped;        /* cudaHostAlloc'd: abort flag, error record */
   gcommDevLaunch_t* args;  /* staging of one launch's parameters */
+  /* the streams launched on (not while being captured into a graph: the caller finishes its
+   * replays), each with an event after its latest launch: destroy waits for these, not the device
+   */
+  launchMark_t* marks;
+  int nMarks;
+  int keepMemory; /* destroy could not see every kernel end: what they use is never freed */
 
   /* the profiler's kernel timestamps (section at the end), or NULL */
   struct gcommDevProf* prof;
@@ -72,35 +92,123 @@ gcommResult_t gcommDeviceSelect(gcommComm_t comm, const gcommConfig_t* config) {
 #define RESTORE_DEVICE(comm, old) \
   if (old >= 0 && old != (comm)->device) cudaSetDevice(old)
 
-gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card) {
+/* Whether this rank's GPU lacks peer access to the GPU of a local rank: that rank, or -1 (an
+ * error: -2). all[r]: rank r's node and device. */
+typedef struct {
+  uint64_t hostId;
+  int device, pad; /* pad: no uninitialised bytes on the wire */
+} placeCard_t;
+static int peerWithoutAccess(gcommComm_t comm, const placeCard_t* all) {
+  for (int p = 0; p < comm->nranks; p++) {
+    if (all[p].hostId != all[comm->rank].hostId || all[p].device < 0 ||
+        all[p].device == comm->device)
+      continue; /* another node, a host communicator (refused at connect), or the same GPU */
+    int can = 0;
+    cudaError_t e = cudaDeviceCanAccessPeer(&can, comm->device, all[p].device);
+    if (e != cudaSuccess) {
+      GCOMM_ERROR(comm, gcommDeviceError, p, "cudaDeviceCanAccessPeer(GPU %d, GPU %d): %s",
+                  comm->device, all[p].device, cudaGetErrorString(e));
+      return -2;
+    }
+    if (!can) return p;
+  }
+  return -1;
+}
+
+gcommResult_t gcommDevicePlaceFifos(gcommComm_t comm, uint64_t hostId, size_t* shmBytes) {
+  placeCard_t mine = {hostId, comm->device, 0};
+  placeCard_t* all = calloc(comm->nranks, sizeof(placeCard_t));
+  *shmBytes = 0;
+  if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  int rc = MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all, sizeof(mine), MPI_BYTE, comm->mpiComm);
+  int noPeer = rc == MPI_SUCCESS && comm->device >= 0 ? peerWithoutAccess(comm, all) : -1;
+  int staged = 0, ask = comm->device >= 0 && (comm->params.p2pDisable || noPeer >= 0);
+  int noPeerDevice = noPeer >= 0 ? all[noPeer].device : -1;
+  free(all);
+  if (rc == MPI_SUCCESS) /* every rank reaches this one: no early return above */
+    rc = MPI_Allreduce(&ask, &staged, 1, MPI_INT, MPI_MAX, comm->mpiComm);
+  if (rc != MPI_SUCCESS)
+    return GCOMM_ERROR(comm, gcommSystemError, -1, "FIFO placement exchange failed (MPI error %d)",
+                       rc);
+  if (noPeer == -2) return gcommDeviceError; /* reported */
+  if (comm->device < 0) return gcommSuccess;
+
   struct gcommDev* d = calloc(1, sizeof(*d));
   if (d == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   comm->dev = d;
+  d->staged = staged;
+  d->fifoBytes =
+      (GCOMM_DEV_FIFO_HDR + GCOMM_STEPS * (comm->slotBytes + GCOMM_LL_SLOT_BYTES) + 255) &
+      ~(size_t)255;
+  d->headOff = d->fifoBytes * comm->nLocal * comm->nLanes;
+  d->regionBytes = d->headOff + (size_t)GCOMM_DEV_HEAD_BYTES * comm->nLocal * comm->nLanes;
+  if (staged) {
+    *shmBytes = d->regionBytes;
+    if (noPeer >= 0)
+      GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
+                 "GPU %d cannot access GPU %d of rank %d as a peer: GPU FIFOs are staged through "
+                 "pinned shared host memory (slower)",
+                 comm->device, noPeerDevice, noPeer);
+    else
+      GCOMM_INFO(GCOMM_SUBSYS_INIT, comm, "GPU FIFOs staged through pinned shared host memory: %s",
+                 comm->params.p2pDisable ? "GCOMM_P2P_DISABLE=1"
+                                         : "another rank asked (GCOMM_P2P_DISABLE=1 there, or "
+                                           "GPUs without peer access)");
+  }
+  return gcommSuccess;
+}
+
+/* Registers rank's shm area (its staged region) with CUDA in this process; *region: the address
+ * this process's kernels use for it. */
+static gcommResult_t registerArea(gcommComm_t comm, int rank, char** region) {
+  void* host = gcommShmArea(comm, rank);
+  int peer = rank == comm->rank ? -1 : rank;
+  if (host == NULL)
+    return GCOMM_ERROR(comm, gcommInternalError, peer, "rank %d's shm segment has no FIFO area",
+                       rank);
+  CUDA_CHECK(comm, peer,
+             cudaHostRegister(host, comm->dev->regionBytes,
+                              cudaHostRegisterMapped | cudaHostRegisterPortable));
+  void* dev = NULL;
+  cudaError_t e = cudaHostGetDevicePointer(&dev, host, 0);
+  if (e != cudaSuccess) {
+    cudaHostUnregister(host);
+    return GCOMM_ERROR(comm, gcommDeviceError, peer, "cudaHostGetDevicePointer: %s",
+                       cudaGetErrorString(e));
+  }
+  *region = dev;
+  return gcommSuccess;
+}
+
+gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card) {
+  struct gcommDev* d = comm->dev;
   CUDA_CHECK(comm, -1, cudaSetDevice(comm->device));
   d->peerRegion = calloc(comm->nranks, sizeof(char*));
   d->args = malloc(sizeof(gcommDevLaunch_t));
   if (d->peerRegion == NULL || d->args == NULL)
     return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  size_t nLanes = comm->nLanes, nLocal = comm->nLocal;
-  d->fifoBytes =
-      (GCOMM_DEV_FIFO_HDR + GCOMM_STEPS * (comm->slotBytes + GCOMM_LL_SLOT_BYTES) + 255) &
-      ~(size_t)255;
-  d->headOff = d->fifoBytes * nLocal * nLanes;
-  d->stepOff = d->headOff + GCOMM_DEV_HEAD_BYTES * nLocal * nLanes;
-  d->regionBytes = d->stepOff + GCOMM_DEV_COUNTERS * sizeof(uint64_t) * nLanes * comm->nranks;
-  CUDA_CHECK(comm, -1, gcommGpuMallocFifo((void**)&d->region, d->regionBytes));
-  /* counters start at 0, and LL slots must hold no stale flag */
-  CUDA_CHECK(comm, -1, cudaMemset(d->region, 0, d->regionBytes));
+  if (d->staged) {
+    /* a new shm area reads zero: counters at 0, no stale LL flag */
+    GCOMM_CHECK(registerArea(comm, comm->rank, &d->region));
+  } else {
+    CUDA_CHECK(comm, -1, gcommGpuMallocFifo((void**)&d->region, d->regionBytes));
+    /* counters start at 0, and LL slots must hold no stale flag */
+    CUDA_CHECK(comm, -1, cudaMemset(d->region, 0, d->regionBytes));
+    cudaIpcMemHandle_t h;
+    CUDA_CHECK(comm, -1, cudaIpcGetMemHandle(&h, d->region));
+    memcpy(card->devHandle, &h,
+           sizeof(h) < sizeof(card->devHandle) ? sizeof(h) : sizeof(card->devHandle));
+  }
+  size_t stepBytes = GCOMM_DEV_COUNTERS * sizeof(uint64_t) * comm->nLanes * comm->nranks;
+  CUDA_CHECK(comm, -1, cudaMalloc((void**)&d->steps, stepBytes));
+  CUDA_CHECK(comm, -1, cudaMemset(d->steps, 0, stepBytes));
   CUDA_CHECK(comm, -1, cudaHostAlloc(&d->hostMapped, 4096, cudaHostAllocMapped));
   memset(d->hostMapped, 0, 4096);
-  cudaIpcMemHandle_t h;
-  CUDA_CHECK(comm, -1, cudaIpcGetMemHandle(&h, d->region));
-  memcpy(card->devHandle, &h,
-         sizeof(h) < sizeof(card->devHandle) ? sizeof(h) : sizeof(card->devHandle));
   CUDA_CHECK(comm, -1, cudaDeviceSynchronize());
   GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
-             "GPU %d: FIFO region of %zu bytes (%d local ranks x %d lanes)", comm->device,
-             d->regionBytes, comm->nLocal, comm->nLanes);
+             "GPU %d: FIFO region of %zu bytes in %s (%d local ranks x %d lanes)", comm->device,
+             d->regionBytes, d->staged ? "pinned shared host memory" : "GPU memory", comm->nLocal,
+             comm->nLanes);
   return gcommSuccess;
 }
 
@@ -116,14 +224,9 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
                          "rank %d has a host communicator and this rank a GPU one: every rank "
                          "must choose alike (config.device)",
                          p);
-    if (pd != comm->device) {
-      int can = 0;
-      CUDA_CHECK(comm, p, cudaDeviceCanAccessPeer(&can, comm->device, pd));
-      if (!can)
-        return GCOMM_ERROR(comm, gcommDeviceError, p,
-                           "GPU %d cannot access GPU %d of rank %d as a peer, and staging "
-                           "through host memory (GCOMM_P2P_DISABLE) is not implemented",
-                           comm->device, pd, p);
+    if (d->staged) { /* GPUs without peer access were seen by gcommDevicePlaceFifos */
+      GCOMM_CHECK(registerArea(comm, p, &d->peerRegion[p]));
+      continue;
     }
     cudaIpcMemHandle_t h;
     memcpy(&h, comm->cards[p].devHandle, sizeof(h));
@@ -134,7 +237,7 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
   size_t nc = (size_t)comm->nLanes * n;
   gcommDevConn_t* hc = calloc(2 * nc, sizeof(gcommDevConn_t));
   if (hc == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  uint64_t* steps = (uint64_t*)(d->region + d->stepOff);
+  uint64_t* steps = d->steps;
   for (int p = 0; p < n; p++) {
     if (comm->cards[p].hostId != comm->cards[me].hostId) continue;
     char* peer = p == me ? d->region : d->peerRegion[p];
@@ -197,6 +300,31 @@ static gcommDevError_t* hostError(struct gcommDev* d) {
   return (gcommDevError_t*)((char*)d->hostMapped + 64);
 }
 
+/* Records that stream holds this communicator's latest launch on it, for destroy's wait. A launch
+ * captured into a graph is not marked: an event recorded in capture cannot be queried after. */
+static gcommResult_t markLaunch(gcommComm_t comm, cudaStream_t stream) {
+  struct gcommDev* d = comm->dev;
+  enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(comm, -1, cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return gcommSuccess;
+  int i = 0;
+  while (i < d->nMarks && d->marks[i].stream != stream) i++;
+  if (i == d->nMarks) { /* a new stream: take the mark of one whose work is done, or a new one */
+    i = 0;
+    while (i < d->nMarks && cudaEventQuery(d->marks[i].done) == cudaErrorNotReady) i++;
+    if (i == d->nMarks) {
+      launchMark_t* m = realloc(d->marks, (d->nMarks + 1) * sizeof(launchMark_t));
+      if (m == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+      d->marks = m;
+      CUDA_CHECK(comm, -1, cudaEventCreateWithFlags(&m[i].done, cudaEventDisableTiming));
+      d->nMarks++;
+    }
+    d->marks[i].stream = stream;
+  }
+  CUDA_CHECK(comm, -1, cudaEventRecord(d->marks[i].done, stream));
+  return gcommSuccess;
+}
+
 static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* stream) {
   struct gcommDev* d = comm->dev;
   if (a->nWorks == 0) return gcommSuccess;
@@ -208,7 +336,7 @@ static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* st
   if (e != cudaSuccess)
     return GCOMM_ERROR(comm, gcommDeviceError, -1, "kernel launch failed: %s",
                        cudaGetErrorString((cudaError_t)e));
-  return gcommSuccess;
+  return markLaunch(comm, (cudaStream_t)stream);
 }
 
 gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
@@ -344,20 +472,71 @@ int gcommDeviceBadPointer(const void* ptr) {
   return gcommGpuPtrUnregistered(at);
 }
 
-void gcommDeviceQuiesce(gcommComm_t comm) {
+/* How many of the streams this communicator launched on still run its kernels once they have all
+ * ended or the deadline has passed. A failed query counts as ended: the GPU reports the failure
+ * to every later call anyway. */
+static int waitLaunches(struct gcommDev* d, uint64_t deadline) {
+  uint64_t idleSince = 0;
+  for (;;) {
+    int busy = 0;
+    for (int i = 0; i < d->nMarks; i++)
+      busy += cudaEventQuery(d->marks[i].done) == cudaErrorNotReady;
+    if (busy == 0 || gcommNowNs() > deadline) return busy;
+    pause_(&idleSince);
+  }
+}
+
+/* MPI_Barrier with a deadline: gcommSuccess, gcommTimeout (the request is left pending: a
+ * collective cannot be cancelled, and the communicator's MPI_Comm_free lets it finish), or an MPI
+ * failure. */
+static gcommResult_t barrierBefore(gcommComm_t comm, uint64_t deadline) {
+  MPI_Request req;
+  int done = 0, rc = MPI_Ibarrier(comm->mpiComm, &req);
+  uint64_t idleSince = 0;
+  while (rc == MPI_SUCCESS) {
+    rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || done) break;
+    if (gcommNowNs() > deadline)
+      return GCOMM_ERROR(comm, gcommTimeout, -1,
+                         "waited GCOMM_TIMEOUT_MS=%lld for every rank to reach gcommCommDestroy "
+                         "(MPI_Ibarrier): a peer's kernels may still use this rank's FIFOs, "
+                         "which stay allocated",
+                         (long long)comm->params.timeoutMs);
+    pause_(&idleSince);
+  }
+  if (rc != MPI_SUCCESS)
+    return GCOMM_ERROR(comm, gcommSystemError, -1,
+                       "destroy's barrier failed (MPI error %d): this rank's FIFOs stay allocated",
+                       rc);
+  return gcommSuccess;
+}
+
+gcommResult_t gcommDeviceQuiesce(gcommComm_t comm) {
+  struct gcommDev* d = comm->dev;
   int finalized = 1, initialized = 0;
-  if (comm->dev == NULL) return;
-  WITH_DEVICE(comm, old);
-  cudaDeviceSynchronize(); /* kernels end: done, deadline passed, or aborted */
-  cudaGetLastError();
-  RESTORE_DEVICE(comm, old);
-  if (comm->dev->prof) profReap(comm, 1); /* every launch has ended */
+  if (d == NULL) return gcommSuccess;
+  /* kernels end by themselves: done, their own deadline passed, or aborted */
+  uint64_t timeoutNs = (uint64_t)comm->params.timeoutMs * 1000000;
+  int busy = waitLaunches(d, gcommNowNs() + timeoutNs + 1000000000ull);
+  if (d->prof) profReap(comm, 1); /* every launch has ended (or never will: reported now) */
+  if (busy > 0) {
+    d->keepMemory = 1;
+    gcommDeviceAbort(comm); /* a kernel that starts later ends at once */
+    return GCOMM_ERROR(comm, gcommTimeout, -1,
+                       "GPU %d: this communicator's kernels on %d of the %d streams it launched "
+                       "on have not ended within GCOMM_TIMEOUT_MS=%lld + 1 s (queued behind other "
+                       "work?); the memory they use stays allocated",
+                       comm->device, busy, d->nMarks, (long long)comm->params.timeoutMs);
+  }
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized && !__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) &&
-      __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess &&
-      hostError(comm->dev)->code == 0)
-    MPI_Barrier(comm->mpiComm);
+  if (!initialized || finalized || __atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess ||
+      hostError(d)->code != 0)
+    return gcommSuccess; /* failed: the other ranks may never come */
+  gcommResult_t res = barrierBefore(comm, gcommNowNs() + timeoutNs);
+  if (res != gcommSuccess) d->keepMemory = 1;
+  return res;
 }
 
 void gcommDeviceFree(gcommComm_t comm) {
@@ -366,15 +545,25 @@ void gcommDeviceFree(gcommComm_t comm) {
   int old = -1;
   cudaGetDevice(&old);
   if (comm->device >= 0) cudaSetDevice(comm->device);
-  if (d->peerRegion)
-    for (int p = 0; p < comm->nranks; p++)
-      if (d->peerRegion[p]) cudaIpcCloseMemHandle(d->peerRegion[p]);
-  if (d->conns) cudaFree(d->conns);
-  if (d->devComm) cudaFree(d->devComm);
-  if (d->region) cudaFree(d->region);
-  if (d->hostMapped) cudaFreeHost(d->hostMapped);
-  if (d->prof) profFree(d->prof);
+  for (int i = 0; i < d->nMarks; i++) cudaEventDestroy(d->marks[i].done);
+  if (!d->keepMemory) { /* else a kernel may still run: leaked, never reused under it */
+    for (int p = 0; d->peerRegion && p < comm->nranks; p++) {
+      if (d->peerRegion[p] == NULL) continue;
+      if (d->staged)
+        cudaHostUnregister(gcommShmArea(comm, p));
+      else
+        cudaIpcCloseMemHandle(d->peerRegion[p]);
+    }
+    if (d->region && d->staged) cudaHostUnregister(gcommShmArea(comm, comm->rank));
+    if (d->region && !d->staged) cudaFree(d->region);
+    if (d->steps) cudaFree(d->steps);
+    if (d->conns) cudaFree(d->conns);
+    if (d->devComm) cudaFree(d->devComm);
+    if (d->hostMapped) cudaFreeHost(d->hostMapped);
+    if (d->prof) profFree(d->prof);
+  }
   if (old >= 0) cudaSetDevice(old);
+  free(d->marks);
   free(d->peerRegion);
   free(d->args);
   free(d);

@@ -7,6 +7,8 @@
  * algorithm never uses cost nothing. Names are unlinked as soon as every rank has mapped them:
  * the memory then lives exactly as long as the processes that map it, even after a crash.
  * The segment's last page holds the rank's gcommStatus_t (its error, its current collectives).
+ * A caller may reserve an area before it (gcommShmArea): a GPU communicator's FIFO region when it
+ * is staged through host memory (transports/p2p.c); that area is allocated whole at creation.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +25,7 @@ struct gcommShm {
   void** maps;     /* [rank]: that local rank's segment, NULL for remote ranks */
   size_t segBytes; /* every rank's segment has the same layout and size */
   size_t fifoBytes;
+  size_t areaOff, areaBytes; /* the caller's area (gcommShmCreate's areaBytes), 0 bytes: none */
   int unlinked;
   char name[64]; /* this rank's segment */
 };
@@ -35,7 +38,7 @@ static size_t fifoBytes(gcommComm_t comm) {
   return (b + 4095) & ~(size_t)4095;
 }
 
-gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card) {
+gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaBytes) {
   static unsigned counter;
   struct gcommShm* shm = calloc(1, sizeof(*shm));
   if (shm == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
@@ -43,7 +46,9 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card) {
   shm->maps = calloc(comm->nranks, sizeof(void*));
   if (shm->maps == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   shm->fifoBytes = fifoBytes(comm);
-  shm->segBytes = shm->fifoBytes * comm->nLanes * comm->nLocal + STATUS_BYTES;
+  shm->areaOff = shm->fifoBytes * comm->nLanes * comm->nLocal; /* page-aligned: so is fifoBytes */
+  shm->areaBytes = (areaBytes + 4095) & ~(size_t)4095;
+  shm->segBytes = shm->areaOff + shm->areaBytes + STATUS_BYTES;
   snprintf(card->shmName, sizeof(card->shmName), "/gcomm-%d-%u-%d", (int)getpid(),
            __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED), comm->rank);
   snprintf(shm->name, sizeof(shm->name), "%s", card->shmName);
@@ -58,8 +63,19 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card) {
     return GCOMM_ERROR(comm, gcommSystemError, -1, "ftruncate(%s, %zu): %s", card->shmName,
                        shm->segBytes, strerror(err));
   }
+  /* the area is used whole (pinned for a GPU): take its pages now, so that a full /dev/shm is an
+   * error here rather than a SIGBUS at the first touch of a page tmpfs cannot provide */
+  int err = shm->areaBytes ? posix_fallocate(fd, (off_t)shm->areaOff, (off_t)shm->areaBytes) : 0;
+  if (err != 0) {
+    close(fd);
+    gcommShmUnlink(comm);
+    return GCOMM_ERROR(comm, gcommSystemError, -1,
+                       "%s: no room in /dev/shm for the %zu-byte GPU FIFO area (%s): enlarge "
+                       "/dev/shm, or lower GCOMM_BUFFSIZE or GCOMM_NCHANNELS",
+                       card->shmName, shm->areaBytes, strerror(err));
+  }
   void* p = mmap(NULL, shm->segBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int err = errno;
+  err = errno;
   close(fd);
   if (p == MAP_FAILED) {
     gcommShmUnlink(comm);
@@ -117,6 +133,12 @@ gcommStatus_t* gcommShmStatus(gcommComm_t comm, int rank) {
   struct gcommShm* shm = comm->shm;
   if (shm == NULL || shm->maps[rank] == NULL) return NULL;
   return (gcommStatus_t*)((char*)shm->maps[rank] + shm->segBytes - STATUS_BYTES);
+}
+
+void* gcommShmArea(gcommComm_t comm, int rank) {
+  struct gcommShm* shm = comm->shm;
+  if (shm == NULL || shm->areaBytes == 0 || shm->maps[rank] == NULL) return NULL;
+  return (char*)shm->maps[rank] + shm->areaOff;
 }
 
 void gcommShmUnlink(gcommComm_t comm) {

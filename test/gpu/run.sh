@@ -4,19 +4,21 @@
 # on 2 GPUs and 2 ranks on 1 GPU, then compute-sanitizer. Logs go to $OUT (or ./gpu-logs).
 # Usage (from the repository root): bash test/gpu/run.sh
 # STAGES picks parts (default: all but knobs and channels): build test perf sweep knobs channels
-# large quick profiler sanitizer host.
+# large quick profiler sanitizer host p2pdisable.
 # One device call may run 10 minutes: split the stages over two calls when all do not fit.
-STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host"}
+STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host p2pdisable"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 B=${BUILD:-build-gpu}
 export GCOMM_TIMEOUT_MS=${GCOMM_TIMEOUT_MS:-30000}
 NG=$(nvidia-smi -L 2>/dev/null | wc -l)
-{ nvidia-smi; nvidia-smi topo -m; } > "$OUT/machine.log" 2>&1
+{ nvidia-smi; nvidia-smi topo -m; df -h /dev/shm; } > "$OUT/machine.log" 2>&1
 if command -v mpicc >/dev/null && mpicc -showme >/dev/null 2>&1; then   # Open MPI
   MPICC=mpicc; RUN="mpirun --oversubscribe --bind-to none -x GCOMM_TIMEOUT_MS -x TEST_NGPUS -x LD_LIBRARY_PATH -x GCOMM_DEBUG -np"
   PASSENV="-x GCOMM_PROTO -x GCOMM_DEBUG_SUBSYS"
+  P2PENV="-x GCOMM_P2P_DISABLE -x NCCL_P2P_DISABLE -x GCOMM_DEBUG_SUBSYS"
 else                                                                 # MPICH from .devdeps
+  P2PENV=""                                                          # hydra passes the environment
   MPICC=gcc; RUN="$MPIEXEC_MPICH -n"; EXTRA=(MPI_CFLAGS="$MPICH_CFLAGS" MPI_LIBS="$MPICH_LIBS")
 fi
 NCCLARG=""; [ -n "$NCCL_HOME" ] && [ -f "$NCCL_HOME/include/nccl.h" ] && NCCLARG="NCCL=1"
@@ -71,6 +73,18 @@ fi
 if want sanitizer && command -v compute-sanitizer >/dev/null; then
   step sanitizer 120 $RUN 2 compute-sanitizer --tool memcheck --print-limit 10 $B/test/gpu/test_gpu --quick
   step racecheck 300 $RUN 2 compute-sanitizer --tool racecheck --print-limit 10 $B/test/gpu/test_gpu --quick
+fi
+# GPU FIFOs staged through pinned shared host memory (GCOMM_P2P_DISABLE=1; NCCL_P2P_DISABLE=1
+# for NCCL's own shm path beside it): correctness at 2 ranks on 2 GPUs and on 1 GPU, then the
+# bandwidth (docs/PERF.md). The INFO lines show that the variable reached the ranks.
+if want p2pdisable; then
+  export GCOMM_P2P_DISABLE=1 NCCL_P2P_DISABLE=1
+  GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=INIT step p2pdis_2r${NG}g 150 $RUN 2 $P2PENV $B/test/gpu/test_gpu --quick
+  GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=INIT TEST_NGPUS=1 step p2pdis_2r1g 150 $RUN 2 $P2PENV $B/test/gpu/test_gpu --quick
+  n=$(cat $OUT/p2pdis_2r*g.log | grep -c "FIFO region of .* in pinned shared host memory")
+  echo "=== p2pdis_staged: $n FIFO regions in pinned host memory in the tests' logs (32 expected: 8 comms x 2 ranks x 2 runs) $([ "$n" -ge 32 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
+  step p2pdis_perf 150 $RUN 2 $P2PENV $B/gcomm_perf --coll allreduce,broadcast,sendrecv -b 8 -e 256M -f 8 --backend $PERFBACK
+  unset GCOMM_P2P_DISABLE NCCL_P2P_DISABLE
 fi
 # host memory: gcomm beside MPICH's own collectives (16 cores here, unlike the 2-core CI machine)
 if want host && [ -n "$MPIEXEC_MPICH" ]; then
