@@ -451,6 +451,22 @@ int gcommLocalIndex(gcommComm_t comm, int rank) {
   for (int q = 0; q < rank; q++) idx += comm->cards[q].hostId == comm->cards[rank].hostId;
   return idx;
 }
+
+/* Whether some ranks are on other nodes (the same answer on every rank). */
+static int spansNodes(gcommComm_t comm) {
+  return comm->nLocal < comm->nranks;
+}
+
+/* A GPU communicator whose kernels stage data to other nodes through network FIFOs in pinned
+ * host memory (transports/p2p.c), which only the progress thread moves. */
+static int stagesNet(gcommComm_t comm) {
+#if defined(GCOMM_GPU) && defined(GCOMM_OFI)
+  return comm->device >= 0 && comm->net != NULL;
+#else
+  (void)comm;
+  return 0;
+#endif
+}
 static const char* const typeNames[gcommNumTypes] = {"int8",    "uint8",   "int32",   "uint32",
                                                      "int64",   "uint64",  "float16", "float32",
                                                      "float64", "bfloat16"};
@@ -864,6 +880,10 @@ static int progressPass(gcommComm_t comm) {
       __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess) {
     if (comm->nActiveWorks > 0 || __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE)) moved = 1;
     drainAll(comm);
+#ifdef GCOMM_GPU
+    /* the network FIFOs move no more: kernels waiting on them stop (the first error stands) */
+    if (stagesNet(comm)) gcommDeviceAbort(comm);
+#endif
     return moved;
   }
   if (comm->nActiveWorks == 0 || comm->passes % comm->params.appendFreq == 0)
@@ -910,11 +930,15 @@ static int netPending(gcommComm_t comm) {
 #endif
 }
 
-/* Whether the network may be moving data for this communicator (works active, or slots and
- * credits not yet sent). Most providers (tcp) progress only when polled: the engine yields the
- * core then, but never naps. Run under progressLock. */
+/* Whether the network may be moving data for this communicator (works active, slots and
+ * credits not yet sent, or a GPU communicator's kernels waiting on FIFOs). Most providers (tcp)
+ * progress only when polled: the engine yields the core then, but never naps. Run under
+ * progressLock. */
 static int netBusy(gcommComm_t comm) {
 #ifdef GCOMM_OFI
+#ifdef GCOMM_GPU
+  if (stagesNet(comm) && gcommDeviceKernelsWaiting(comm)) return 1;
+#endif
   return comm->net != NULL && (comm->nActiveWorks > 0 || gcommNetSendsPending(comm));
 #else
   (void)comm;
@@ -943,19 +967,24 @@ static void* progressThread(void* arg) {
     }
     int mayNap = !netBusy(comm);
     pthread_mutex_unlock(&comm->progressLock);
-    /* waiting on peers: back off. Nothing at all to do for a while: sleep until a post. */
-    if (backoff(&idleSince, mayNap) > 1000 && comm->nActiveWorks == 0 && !netPending(comm)) {
+    /* waiting on peers: back off. Nothing at all to do for a while: sleep until a post (a GPU
+     * communicator's launch signals too, and kernels may start later, as graphs do: a GPU
+     * communicator that stages through the network looks every millisecond). */
+    if (backoff(&idleSince, mayNap) > 1000 && mayNap && comm->nActiveWorks == 0 &&
+        !netPending(comm)) {
+      int timedOut = 0;
       pthread_mutex_lock(&comm->postLock);
       if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
-        struct timespec ts = deadlineIn(100 * 1000000); /* wake now and then for dumps */
+        /* wake now and then for dumps */
+        struct timespec ts = deadlineIn(stagesNet(comm) ? 1000000 : 100 * 1000000);
         void* ctrl = GCOMM_PROF_ON(comm, gcommProfileProxyCtrl)
                          ? gcommProfCtrlStart(comm, gcommProfilerProxyCtrlSleep)
                          : NULL;
-        pthread_cond_timedwait(&comm->postCond, &comm->postLock, &ts);
+        timedOut = pthread_cond_timedwait(&comm->postCond, &comm->postLock, &ts) == ETIMEDOUT;
         if (ctrl != NULL) gcommProfCtrlStop(comm, ctrl, gcommProfilerProxyCtrlWakeup, 0);
       }
       pthread_mutex_unlock(&comm->postLock);
-      idleSince = 0;
+      if (!timedOut) idleSince = 0; /* woken: work may follow; else back to sleep after a pass */
     }
     pthread_mutex_lock(&comm->progressLock);
   }
@@ -978,6 +1007,21 @@ static gcommResult_t startThreadOnce(gcommComm_t comm) {
     return GCOMM_ERROR(comm, gcommSystemError, -1, "cannot start the progress thread: %s",
                        strerror(err));
   return gcommSuccess;
+}
+
+/* A GPU communicator whose ranks span nodes: the network FIFOs its kernels fill and drain move
+ * only while the progress thread runs (nobody calls gcommWait while stream-ordered kernels wait
+ * on them), so the thread starts with the communicator and runs until destroy: polling while
+ * kernels wait, sleeping (1 ms at a time) when nothing moves. Poll mode cannot drive such
+ * kernels: it warns and uses the thread. */
+static gcommResult_t startGpuProxy(gcommComm_t comm) {
+  if (comm->params.proxyMode == GCOMM_PROXY_POLL) {
+    GCOMM_WARN(comm,
+               "GCOMM_PROXY_MODE=poll: a GPU communicator whose ranks span nodes needs the "
+               "progress thread to move its network FIFOs while kernels run: using it");
+    comm->params.proxyMode = GCOMM_PROXY_THREAD;
+  }
+  return startThreadOnce(comm);
 }
 
 /* Hands a list of operations to the engine. */
@@ -1072,6 +1116,11 @@ static gcommResult_t checkConfig(const gcommConfig_t* config) {
 
 static void tuningPrint(gcommComm_t comm);
 
+/* GPU communicators whose ranks span nodes: channels by default (GCOMM_NCHANNELS). Each lane
+ * to a remote rank pins a send and a receive FIFO of host memory: with 4 MB FIFOs, 4 collective
+ * and 4 point-to-point lanes, 64 MB per remote rank (32 channels would pin 512 MB). */
+#define GPU_NET_CHANNELS 4
+
 /* Everything after the MPI communicator exists; on failure the caller frees comm. */
 static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   static int commCounter;
@@ -1087,13 +1136,20 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   if (comm->name[0] == 0)
     snprintf(comm->name, sizeof(comm->name), "comm%d",
              __atomic_fetch_add(&commCounter, 1, __ATOMIC_RELAXED));
+  GCOMM_CHECK(detectNode(comm, &hostId));
 #ifdef GCOMM_GPU
   GCOMM_CHECK(agree(comm, gcommDeviceSelect(comm, config), "GPU selection"));
-  /* a GPU communicator wants more channels (blocks) and bigger slots than the host executor */
+  /* a GPU communicator wants more channels (blocks) and bigger slots than the host executor;
+   * between nodes fewer channels: each lane to a remote rank pins 2 FIFOs of host memory, and
+   * the network, not the blocks, sets the pace */
   if (comm->device >= 0 && getenv("GCOMM_NCHANNELS") == NULL &&
       (config == NULL || config->nChannels == GCOMM_CONFIG_UNDEF_INT))
-    comm->params.nChannels = 32;
+    comm->params.nChannels = spansNodes(comm) ? GPU_NET_CHANNELS : 32;
   if (comm->device >= 0 && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
+  if (comm->device >= 0 && spansNodes(comm) && comm->params.proto == gcommProtoLL)
+    GCOMM_WARN(comm,
+               "GCOMM_PROTO=ll: LL cannot cross the network proxy (its flags live in the "
+               "data); this GPU communicator spans nodes and uses simple");
 #endif
   comm->nChannels = comm->params.nChannels;
   /* lanes [0, nChannels) carry collectives, [nChannels, nChannels + nP2pChannels) point-to-point */
@@ -1109,12 +1165,10 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   }
 #endif
   comm->nLanes = comm->nChannels + comm->nP2pChannels;
-  GCOMM_CHECK(detectNode(comm, &hostId));
 #ifdef GCOMM_OFI
   /* between nodes, slots bigger than what providers copy through bounce buffers (tcp: 128 KB)
    * move with fewer copies and less CPU per byte (docs/PERF.md) */
-  if (comm->nLocal < comm->nranks && getenv("GCOMM_BUFFSIZE") == NULL)
-    comm->params.buffSize = 4 << 20;
+  if (spansNodes(comm) && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
 #endif
   comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
 
@@ -1193,8 +1247,9 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
              comm->name, comm->rank, comm->nranks, comm->nLocal, comm->nChannels, comm->slotBytes,
              proxyModeNames[comm->params.proxyMode], (int)getpid());
   tuningPrint(comm);
-  gcommProfInit(comm); /* last: a failing setup has no profiler to finalize */
-  return gcommSuccess;
+  gcommProfInit(comm); /* late: a failing setup has no profiler to finalize */
+  /* after the profiler, which the thread's passes report to (commFree finalizes it on failure) */
+  return stagesNet(comm) ? startGpuProxy(comm) : gcommSuccess;
 }
 
 static void commFree(gcommComm_t comm) {
@@ -1208,13 +1263,13 @@ static void commFree(gcommComm_t comm) {
   }
   if (comm->queues) drainAll(comm); /* frees whatever never ran */
   gcommProfFinalize(comm);          /* no hook runs after this */
+#ifdef GCOMM_OFI
+  gcommNetFree(comm); /* first: its receives may land in a GPU communicator's pinned FIFOs */
+#endif
 #ifdef GCOMM_GPU
   gcommDeviceFree(comm);
 #endif
   gcommShmFree(comm);
-#ifdef GCOMM_OFI
-  gcommNetFree(comm);
-#endif
   free(comm->sendConns);
   free(comm->recvConns);
   free(comm->queues);
@@ -1479,9 +1534,11 @@ static int chooseChannels(gcommComm_t comm, int func, size_t bytes) {
   return nc < 1 ? 1 : nc > maxCh ? (int)maxCh : (int)nc;
 }
 
-/* Host communicators always use Simple; GPU communicators the faster by the model. */
+/* Host communicators always use Simple; GPU communicators the faster by the model, except between
+ * nodes: LL's flags travel in the data, which the network proxy moves without a tail for them
+ * (a forced GCOMM_PROTO=ll warned at init). */
 static int chooseProto(gcommComm_t comm, int func, int algo, size_t bytes, int nch) {
-  if (comm->device < 0) return gcommProtoSimple;
+  if (comm->device < 0 || spansNodes(comm)) return gcommProtoSimple;
   if (comm->params.proto >= 0) return comm->params.proto;
 #ifdef GCOMM_GPU
   double simple = predictGpuUs(func, algo, gcommProtoSimple, comm->nranks, (double)bytes, nch);
@@ -1725,6 +1782,20 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
   return op;
 }
 
+#ifdef GCOMM_GPU
+/* One kernel launch for a GPU communicator's ops; one that stages through the network wakes the
+ * progress thread, which may be asleep with nothing posted. */
+static gcommResult_t launchOps(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
+  gcommResult_t res = gcommDeviceLaunch(comm, ops, n, stream);
+  if (res == gcommSuccess && stagesNet(comm)) {
+    pthread_mutex_lock(&comm->postLock);
+    pthread_cond_signal(&comm->postCond);
+    pthread_mutex_unlock(&comm->postLock);
+  }
+  return res;
+}
+#endif
+
 static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                              const char* where) {
   GCOMM_CHECK(checkComm(comm, where));
@@ -1752,7 +1823,7 @@ static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
       return gcommSuccess;
     }
     if (groupDepth == 0) {
-      gcommResult_t r = gcommDeviceLaunch(comm, op, 1, stream);
+      gcommResult_t r = launchOps(comm, op, 1, stream);
       free(op);
       return r;
     }
@@ -1804,7 +1875,7 @@ gcommResult_t gcommGroupEnd(void) {
     gcommResult_t r;
 #ifdef GCOMM_GPU
     if (comm->device >= 0) {
-      r = gcommDeviceLaunch(comm, comm->groupHead, count, comm->groupStream);
+      r = launchOps(comm, comm->groupHead, count, comm->groupStream);
       for (gcommOp_t *op = comm->groupHead, *next; op; op = next) next = op->next, free(op);
     } else
 #endif

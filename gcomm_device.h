@@ -21,6 +21,13 @@
  *               is free skips polling the head)
  * So each counter lives where its reader polls it: the receiver polls tail in its own memory,
  * the sender polls head in its own memory, and the remote side only stores.
+ *
+ * A peer on another node (make OFI=1) has no region to open: its connections are FIFOs in this
+ * rank's pinned host memory (gcommFifo_t then GCOMM_STEPS slots, mapped for the GPU), a send and a
+ * receive FIFO per lane, whose slots transports/net_ofi.c moves (gcommNetConnect) on the progress
+ * thread. The kernel uses them like any other: it writes the send FIFO's slots, bytes[] and tail
+ * and polls its head (sends completed), polls the receive FIFO's tail (receives completed, after
+ * bytes[]) and writes its head. Simple protocol only: LL's flags cannot cross the proxy.
  */
 #ifndef GCOMM_DEVICE_H
 #define GCOMM_DEVICE_H
@@ -67,6 +74,9 @@ typedef struct {
   uint64_t* steps; /* [GCOMM_DEV_COUNTERS][nLanes * nranks]: send, receive steps; heads seen */
   volatile int* abortFlag; /* mapped host memory */
   gcommDevError_t* error;  /* mapped host memory */
+  /* mapped host memory, or NULL when every rank is on this node: a block waiting on a FIFO sets
+   * it now and then, so that the progress thread keeps polling the network instead of napping */
+  volatile int* waiting;
   unsigned long long timeoutNs;
   int claim; /* device memory: the first failing block claims the error record */
 } gcommDevComm_t;
@@ -126,6 +136,9 @@ gcommResult_t gcommDeviceWait(gcommComm_t comm, void* stream, const char* where)
  * error and async error; gcommSuccess when there is none. */
 gcommResult_t gcommDeviceKernelError(gcommComm_t comm, const char* where);
 void gcommDeviceAbort(gcommComm_t comm);
+/* Whether a kernel waited on a FIFO lately (gcommDevComm_t.waiting), or a launch just went out:
+ * the progress thread then polls the network instead of napping. Progress thread only. */
+int gcommDeviceKernelsWaiting(gcommComm_t comm);
 /* gcommCommDestroy: waits for this communicator's kernels on every stream it launched on (they
  * end by themselves: done, deadline, abort), then, unless the communicator failed, for every rank,
  * so that no peer still writes into a region freed; each wait is bounded by GCOMM_TIMEOUT_MS.

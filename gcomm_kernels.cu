@@ -506,6 +506,7 @@ static __device__ int waitFor(const gcommDevComm_t* comm, volatile uint64_t* p, 
   while ((v = ACQUIRE ? ldAcquire(p) : *p) < target) {
     if (++spins < 512) continue;
     spins = 0;
+    if (comm->waiting) *comm->waiting = 1; /* the progress thread moves the network FIFOs */
     if (*comm->abortFlag) return gcommAborted;
     uint64_t now = globalTimer();
     if (*t0 == 0)

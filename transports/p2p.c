@@ -14,6 +14,9 @@
  * kernels are the same: system-scope release/acquire and L1-bypassing loads hold over PCIe too.
  * A rank's step counters, which no other rank reads, stay in its GPU's memory either way. After
  * init no MPI is used but destroy's barrier: kernels talk through the FIFOs alone.
+ *
+ * Ranks on other nodes (make OFI=1): the connections to them are FIFOs in this rank's pinned
+ * host memory, mapped for the GPU, that transports/net_ofi.c moves (connectRemote below).
  */
 #include <sched.h>
 #include <stdio.h>
@@ -48,6 +51,8 @@ struct gcommDev {
   launchMark_t* marks;
   int nMarks;
   int keepMemory; /* destroy could not see every kernel end: what they use is never freed */
+  char* netFifos;          /* cudaHostAlloc'd: the FIFOs to ranks on other nodes, or NULL */
+  uint64_t waitSeenNs;     /* progress thread: when it last saw the kernels' waiting flag */
 
   /* the profiler's kernel timestamps (section at the end), or NULL */
   struct gcommDevProf* prof;
@@ -212,18 +217,83 @@ gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card) {
   return gcommSuccess;
 }
 
+/* The mapped page d->hostMapped: the abort flag, the kernels' first error, their waiting flag. */
+#define HOST_ERROR_OFF 64
+#define HOST_WAITING_OFF 192
+static volatile int* hostAbort(struct gcommDev* d) {
+  return (volatile int*)d->hostMapped;
+}
+static gcommDevError_t* hostError(struct gcommDev* d) {
+  return (gcommDevError_t*)((char*)d->hostMapped + HOST_ERROR_OFF);
+}
+static volatile int* hostWaiting(struct gcommDev* d) {
+  return (volatile int*)((char*)d->hostMapped + HOST_WAITING_OFF);
+}
+
+#ifdef GCOMM_OFI
+/* Each rank on another node gets, per lane, a send and a receive FIFO (gcommFifo_t, then
+ * GCOMM_STEPS slots) in pinned host memory mapped for the GPU: one allocation for all of them,
+ * 2 x nLanes x (GCOMM_STEPS x slotBytes + a page) per remote rank. The host view goes to
+ * comm->sendConns / recvConns and gcommNetConnect (the progress thread moves the slots); the
+ * device aliases of the same tail, head, bytes[] and slots go to the kernels' connections hc
+ * (send to p at [lane * n + p], receive at nc + that). Both count steps from 0: the send FIFO's
+ * tail is the kernel's (slots filled) and its head the network's (sends completed); the receive
+ * FIFO's tail is the network's (receives completed, bytes[] written first) and its head the
+ * kernel's (slots drained). */
+static gcommResult_t connectRemote(gcommComm_t comm, gcommDevConn_t* hc, uint64_t* steps) {
+  struct gcommDev* d = comm->dev;
+  int n = comm->nranks, me = comm->rank, nRemote = 0;
+  for (int p = 0; p < n; p++) nRemote += comm->cards[p].hostId != comm->cards[me].hostId;
+  if (nRemote == 0) return gcommSuccess;
+  size_t fifoBytes = (sizeof(gcommFifo_t) + GCOMM_STEPS * comm->slotBytes + 4095) & ~(size_t)4095;
+  size_t bytes = fifoBytes * nRemote * comm->nLanes * 2, nc = (size_t)comm->nLanes * n;
+  CUDA_CHECK(comm, -1, cudaHostAlloc((void**)&d->netFifos, bytes, cudaHostAllocMapped));
+  memset(d->netFifos, 0, bytes); /* counters start at 0 */
+  char* dev = NULL;
+  CUDA_CHECK(comm, -1, cudaHostGetDevicePointer((void**)&dev, d->netFifos, 0));
+  size_t k = 0;
+  for (int p = 0; p < n; p++) {
+    if (comm->cards[p].hostId == comm->cards[me].hostId) continue;
+    for (int lane = 0; lane < comm->nLanes; lane++) {
+      for (int isSend = 1; isSend >= 0; isSend--, k++) {
+        size_t i = (size_t)lane * n + p, at = isSend ? i : nc + i;
+        gcommConn_t* c = isSend ? &comm->sendConns[i] : &comm->recvConns[i];
+        c->fifo = (gcommFifo_t*)(d->netFifos + k * fifoBytes);
+        c->slots = (char*)(c->fifo + 1);
+        c->step = 0;
+        c->slotBytes = comm->slotBytes;
+        c->peer = p;
+        GCOMM_CHECK(gcommNetConnect(comm, c, p, lane, isSend));
+        gcommFifo_t* f = (gcommFifo_t*)(dev + k * fifoBytes); /* the device's alias */
+        hc[at].tail = &f->tail;
+        hc[at].head = &f->head;
+        hc[at].bytes = f->bytes;
+        hc[at].slots = (char*)(f + 1);
+        hc[at].llSlots = NULL; /* LL is never chosen between nodes */
+        hc[at].step = steps + at;
+      }
+    }
+  }
+  GCOMM_INFO(GCOMM_SUBSYS_INIT | GCOMM_SUBSYS_NET, comm,
+             "GPU %d: %d remote ranks, %zu network FIFOs of %zu bytes in pinned host memory "
+             "(%zu bytes)",
+             comm->device, nRemote, k, fifoBytes, bytes);
+  return gcommSuccess;
+}
+#endif
+
 gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
   struct gcommDev* d = comm->dev;
   int me = comm->rank, n = comm->nranks, myIdx = gcommLocalIndex(comm, me);
   CUDA_CHECK(comm, -1, cudaSetDevice(comm->device));
   for (int p = 0; p < n; p++) {
-    if (p == me || comm->cards[p].hostId != comm->cards[me].hostId) continue;
     int pd = comm->cards[p].device;
-    if (pd < 0)
+    if (p != me && pd < 0)
       return GCOMM_ERROR(comm, gcommInvalidUsage, p,
                          "rank %d has a host communicator and this rank a GPU one: every rank "
                          "must choose alike (config.device)",
                          p);
+    if (p == me || comm->cards[p].hostId != comm->cards[me].hostId) continue;
     if (d->staged) { /* GPUs without peer access were seen by gcommDevicePlaceFifos */
       GCOMM_CHECK(registerArea(comm, p, &d->peerRegion[p]));
       continue;
@@ -267,6 +337,13 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
     }
   }
   gcommResult_t res = gcommSuccess;
+#ifdef GCOMM_OFI
+  if (comm->net != NULL) res = connectRemote(comm, hc, steps);
+  if (res != gcommSuccess) {
+    free(hc);
+    return res;
+  }
+#endif
   cudaError_t e = cudaMalloc((void**)&d->conns, 2 * nc * sizeof(gcommDevConn_t));
   if (e == cudaSuccess)
     e = cudaMemcpy(d->conns, hc, 2 * nc * sizeof(gcommDevConn_t), cudaMemcpyHostToDevice);
@@ -274,9 +351,11 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
   if (e != cudaSuccess)
     return GCOMM_ERROR(comm, gcommDeviceError, -1, "connection table: %s", cudaGetErrorString(e));
   char* hm = d->hostMapped;
-  void *abortDev, *errDev;
+  void *abortDev, *errDev, *waitingDev = NULL;
   CUDA_CHECK(comm, -1, cudaHostGetDevicePointer(&abortDev, hm, 0));
-  CUDA_CHECK(comm, -1, cudaHostGetDevicePointer(&errDev, hm + 64, 0));
+  CUDA_CHECK(comm, -1, cudaHostGetDevicePointer(&errDev, hm + HOST_ERROR_OFF, 0));
+  if (d->netFifos != NULL)
+    CUDA_CHECK(comm, -1, cudaHostGetDevicePointer(&waitingDev, hm + HOST_WAITING_OFF, 0));
   d->host.rank = me;
   d->host.nranks = n;
   d->host.nLanes = comm->nLanes;
@@ -286,18 +365,12 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
   d->host.steps = steps;
   d->host.abortFlag = abortDev;
   d->host.error = errDev;
+  d->host.waiting = waitingDev;
   d->host.timeoutNs = (unsigned long long)comm->params.timeoutMs * 1000000ull;
   CUDA_CHECK(comm, -1, cudaMalloc((void**)&d->devComm, sizeof(gcommDevComm_t)));
   CUDA_CHECK(comm, -1,
              cudaMemcpy(d->devComm, &d->host, sizeof(gcommDevComm_t), cudaMemcpyHostToDevice));
   return res;
-}
-
-static volatile int* hostAbort(struct gcommDev* d) {
-  return (volatile int*)d->hostMapped;
-}
-static gcommDevError_t* hostError(struct gcommDev* d) {
-  return (gcommDevError_t*)((char*)d->hostMapped + 64);
 }
 
 /* Records that stream holds this communicator's latest launch on it, for destroy's wait. A launch
@@ -332,6 +405,7 @@ static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* st
   a->hostCopy = d->host;
   a->first[a->nBlocks] = (uint16_t)a->nWorks;
   a->times = d->prof && GCOMM_PROF_ON(comm, gcommProfileKernelCh) ? profTake(comm, a) : NULL;
+  if (d->netFifos != NULL) *hostWaiting(d) = 1; /* the network is about to be needed */
   int e = gcommKernelLaunch(a, stream);
   if (e != cudaSuccess)
     return GCOMM_ERROR(comm, gcommDeviceError, -1, "kernel launch failed: %s",
@@ -392,9 +466,15 @@ gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* s
 
 gcommResult_t gcommDeviceKernelError(gcommComm_t comm, const char* where) {
   gcommDevError_t* e = hostError(comm->dev);
-  int code = e->code;
+  int code = e->code, stopped = gcommSuccess;
   if (code == 0) return gcommSuccess;
-  __atomic_store_n(&comm->asyncError, code, __ATOMIC_RELEASE);
+  /* the first error stands: kernels aborted because the network failed report that failure
+   * (already recorded, naming the peer), and a kernel error is recorded only once */
+  if (!__atomic_compare_exchange_n(&comm->asyncError, &stopped, code, 0, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_ACQUIRE))
+    return stopped == gcommAborted
+               ? gcommSetError(comm, gcommAborted, -1, where, "the communicator was aborted")
+               : (gcommResult_t)stopped;
   const char* fn = gcommFuncName(e->func);
   if (code == gcommAborted)
     return gcommSetError(comm, gcommAborted, -1, where, "the communicator was aborted");
@@ -421,6 +501,9 @@ gcommResult_t gcommDeviceTest(gcommComm_t comm, void* stream, const char* where)
   if (kres != gcommSuccess) return kres;
   if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE))
     return gcommSetError(comm, gcommAborted, -1, where, "the communicator was aborted");
+  /* the network failed (recorded by the progress thread, naming the peer; kernels are aborted) */
+  int stopped = __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE);
+  if (stopped != gcommSuccess) return (gcommResult_t)stopped;
   if (e == cudaErrorNotReady) return gcommInProgress;
   if (e != cudaSuccess)
     return gcommSetError(comm, gcommDeviceError, -1, where, "cudaStreamQuery: %s",
@@ -453,6 +536,17 @@ gcommResult_t gcommDeviceWait(gcommComm_t comm, void* stream, const char* where)
                            (long long)comm->params.timeoutMs);
     pause_(&idleSince);
   }
+}
+
+int gcommDeviceKernelsWaiting(gcommComm_t comm) {
+  struct gcommDev* d = comm->dev;
+  if (d == NULL || d->netFifos == NULL) return 0;
+  uint64_t now = gcommNowNs();
+  if (*hostWaiting(d)) { /* a waiting block sets it every few hundred polls: ~1 ms at most */
+    *hostWaiting(d) = 0;
+    d->waitSeenNs = now;
+  }
+  return d->waitSeenNs != 0 && now - d->waitSeenNs < 5000000;
 }
 
 void gcommDeviceAbort(gcommComm_t comm) {
@@ -560,6 +654,7 @@ void gcommDeviceFree(gcommComm_t comm) {
     if (d->conns) cudaFree(d->conns);
     if (d->devComm) cudaFree(d->devComm);
     if (d->hostMapped) cudaFreeHost(d->hostMapped);
+    if (d->netFifos) cudaFreeHost(d->netFifos); /* after gcommNetFree: no receive lands there */
     if (d->prof) profFree(d->prof);
   }
   if (old >= 0) cudaSetDevice(old);

@@ -4,9 +4,9 @@
 # on 2 GPUs and 2 ranks on 1 GPU, then compute-sanitizer. Logs go to $OUT (or ./gpu-logs).
 # Usage (from the repository root): bash test/gpu/run.sh
 # STAGES picks parts (default: all but knobs and channels): build test perf sweep knobs channels
-# large quick profiler sanitizer host p2pdisable.
+# large quick profiler sanitizer host p2pdisable net.
 # One device call may run 10 minutes: split the stages over two calls when all do not fit.
-STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host p2pdisable"}
+STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host p2pdisable net"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 B=${BUILD:-build-gpu}
@@ -85,6 +85,31 @@ if want p2pdisable; then
   echo "=== p2pdis_staged: $n FIFO regions in pinned host memory in the tests' logs (32 expected: 8 comms x 2 ranks x 2 runs) $([ "$n" -ge 32 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
   step p2pdis_perf 150 $RUN 2 $P2PENV $B/gcomm_perf --coll allreduce,broadcast,sendrecv -b 8 -e 256M -f 8 --backend $PERFBACK
   unset GCOMM_P2P_DISABLE NCCL_P2P_DISABLE
+fi
+# GPU communicators across 2 pretend nodes (GCOMM_HOSTID from the MPI rank, as test/test_net.sh):
+# device buffers staged through pinned host FIFOs and libfabric's tcp provider on loopback; built
+# with OFI=1 and MPICH + libfabric from .devdeps. Correctness at 2 nodes x 1 rank on 1 GPU and on
+# every GPU, 2 nodes x 2 ranks, the failure tests, then the bandwidth between the nodes.
+if want net; then
+  [ -z "$OFI_LIBS" ] && [ -f .devdeps/setup.sh ] && source .devdeps/setup.sh
+  BN=$B-net
+  node=$(mktemp -d)/node.sh
+  printf '#!/bin/bash\nr=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}\nexport GCOMM_HOSTID=node$((r / NET_RPN))\nexec "$@"\n' >"$node"
+  chmod +x "$node"
+  # the kernels' object depends on neither MPI nor libfabric: the main build's saves a compile
+  mkdir -p $BN/obj && cp -p $B/obj/gcomm_kernels.o $BN/obj/ 2>/dev/null
+  if [ -z "$MPIEXEC_MPICH" ] || [ -z "$OFI_LIBS" ]; then
+    echo "=== net: skipped (no MPICH/libfabric: source .devdeps/setup.sh)" | tee -a "$OUT/summary.log"
+  elif step build_net 300 make -j"$(nproc)" CUDA=1 CUDA_ARCH=90 OFI=1 BUILD=$BN MPICC=gcc \
+      MPI_CFLAGS="$MPICH_CFLAGS" MPI_LIBS="$MPICH_LIBS" OFI_CFLAGS="$OFI_CFLAGS" OFI_LIBS="$OFI_LIBS" gpu-test; then
+    export GCOMM_OFI_PROVIDER=tcp FI_TCP_IFACE=lo
+    NET_RPN=1 TEST_NGPUS=1 step net_2n1r_1g 200 $MPIEXEC_MPICH -n 2 "$node" $BN/test/gpu/test_gpu --quick
+    [ "$NG" -gt 1 ] && NET_RPN=1 step net_2n1r_${NG}g 150 $MPIEXEC_MPICH -n 2 "$node" $BN/test/gpu/test_gpu --quick
+    NET_RPN=2 step net_2n2r_${NG}g 250 $MPIEXEC_MPICH -n 4 "$node" $BN/test/gpu/test_gpu --quick
+    NET_RPN=1 step net_fault 90 $MPIEXEC_MPICH -n 2 "$node" $BN/test/gpu/test_gpu_fault
+    NET_RPN=1 step net_perf 180 $MPIEXEC_MPICH -n 2 "$node" $BN/gcomm_perf --coll allreduce,allgather,sendrecv -b 8 -e 256M -f 8 -n 10 -w 3
+    unset GCOMM_OFI_PROVIDER FI_TCP_IFACE
+  fi
 fi
 # host memory: gcomm beside MPICH's own collectives (16 cores here, unlike the 2-core CI machine)
 if want host && [ -n "$MPIEXEC_MPICH" ]; then
