@@ -1120,6 +1120,7 @@ static void tuningPrint(gcommComm_t comm);
  * to a remote rank pins a send and a receive FIFO of host memory: with 4 MB FIFOs, 4 collective
  * and 4 point-to-point lanes, 64 MB per remote rank (32 channels would pin 512 MB). */
 #define GPU_NET_CHANNELS 4
+#define GPU_STAGED_CHANNELS 16 /* GCOMM_P2P_DISABLE: PCIe, not the blocks, sets the pace */
 
 /* Everything after the MPI communicator exists; on failure the caller frees comm. */
 static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
@@ -1139,12 +1140,15 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   GCOMM_CHECK(detectNode(comm, &hostId));
 #ifdef GCOMM_GPU
   GCOMM_CHECK(agree(comm, gcommDeviceSelect(comm, config), "GPU selection"));
-  /* a GPU communicator wants more channels (blocks) and bigger slots than the host executor;
-   * between nodes fewer channels: each lane to a remote rank pins 2 FIFOs of host memory, and
+  /* a GPU communicator wants more channels (blocks) and bigger slots than the host executor: a
+   * block pushes ~11 GB/s over NVLink, so 64 of them fill a link (docs/PERF.md); between nodes
+   * fewer channels: each lane to a remote rank pins 2 FIFOs of host memory, and
    * the network, not the blocks, sets the pace */
   if (comm->device >= 0 && getenv("GCOMM_NCHANNELS") == NULL &&
       (config == NULL || config->nChannels == GCOMM_CONFIG_UNDEF_INT))
-    comm->params.nChannels = spansNodes(comm) ? GPU_NET_CHANNELS : 32;
+    comm->params.nChannels = spansNodes(comm)            ? GPU_NET_CHANNELS
+                             : comm->params.p2pDisable ? GPU_STAGED_CHANNELS
+                                                       : GCOMM_MAX_CHANNELS;
   if (comm->device >= 0 && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
   if (comm->device >= 0 && spansNodes(comm) && comm->params.proto == gcommProtoLL)
     GCOMM_WARN(comm,

@@ -162,7 +162,8 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   hints->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
-  hints->domain_attr->cq_data_size = 4; /* each message carries its call's tag (the mismatch check) */
+  hints->domain_attr->cq_data_size =
+      4; /* each message carries its call's tag (the mismatch check) */
   if (prov != NULL) hints->fabric_attr->prov_name = strdup(prov);
   int err = fi_getinfo(NET_FI_VERSION, NULL, NULL, 0, hints, &list);
   fi_freeinfo(hints);
@@ -486,8 +487,7 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
         return GCOMM_ERROR(comm, gcommInternalError, req->nc->peer, "received %zu bytes > slot",
                            ent[k].len);
       if (req->prof != NULL) gcommProfStop(comm, req->prof);
-      completeData(req, ent[k].len,
-                   (ent[k].flags & FI_REMOTE_CQ_DATA) ? (uint32_t)ent[k].data : 0);
+      completeData(req, ent[k].len, (ent[k].flags & FI_REMOTE_CQ_DATA) ? (uint32_t)ent[k].data : 0);
     }
     got = 1;
     if (n < 16) break;

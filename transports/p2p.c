@@ -50,9 +50,9 @@ struct gcommDev {
    */
   launchMark_t* marks;
   int nMarks;
-  int keepMemory; /* destroy could not see every kernel end: what they use is never freed */
-  char* netFifos;          /* cudaHostAlloc'd: the FIFOs to ranks on other nodes, or NULL */
-  uint64_t waitSeenNs;     /* progress thread: when it last saw the kernels' waiting flag */
+  int keepMemory;      /* destroy could not see every kernel end: what they use is never freed */
+  char* netFifos;      /* cudaHostAlloc'd: the FIFOs to ranks on other nodes, or NULL */
+  uint64_t waitSeenNs; /* progress thread: when it last saw the kernels' waiting flag */
 
   /* the profiler's kernel timestamps (section at the end), or NULL */
   struct gcommDevProf* prof;

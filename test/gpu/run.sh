@@ -32,7 +32,10 @@ step() { # name timeout command...
   return $rc
 }
 # make is quick when the build is there already (a second call on a warm machine)
-step build 300 make -j"$(nproc)" CUDA=1 CUDA_ARCH=90 BUILD=$B MPICC="$MPICC" "${EXTRA[@]}" $NCCLARG gpu-test || exit 1
+# KERNELS_PREBUILT=1: $B/obj/gcomm_kernels.o was compiled on the CPU machine and carried here
+# (it needs neither MPI nor NCCL): make uses it as it is, saving the one long compile
+KEEP=(); [ "$KERNELS_PREBUILT" = 1 ] && [ -f $B/obj/gcomm_kernels.o ] && KEEP=(-o $B/obj/gcomm_kernels.o)
+step build 300 make -j"$(nproc)" "${KEEP[@]}" CUDA=1 CUDA_ARCH=90 BUILD=$B MPICC="$MPICC" "${EXTRA[@]}" $NCCLARG gpu-test || exit 1
 want test && step test_2r${NG}g 300 $RUN 2 $B/test/gpu/test_gpu
 want test && step fault_2r 120 $RUN 2 $B/test/gpu/test_gpu_fault   # abort, kernel mismatch, async error
 # the benchmark: gcomm and NCCL through the same harness, one table each, every collective
