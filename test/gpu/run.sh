@@ -103,7 +103,7 @@ if want net; then
   mkdir -p $BN/obj && cp -p $B/obj/gcomm_kernels.o $BN/obj/ 2>/dev/null
   if [ -z "$MPIEXEC_MPICH" ] || [ -z "$OFI_LIBS" ]; then
     echo "=== net: skipped (no MPICH/libfabric: source .devdeps/setup.sh)" | tee -a "$OUT/summary.log"
-  elif step build_net 300 make -j"$(nproc)" CUDA=1 CUDA_ARCH=90 OFI=1 BUILD=$BN MPICC=gcc \
+  elif step build_net 300 make -j"$(nproc)" ${KEEP[0]:+-o $BN/obj/gcomm_kernels.o} CUDA=1 CUDA_ARCH=90 OFI=1 BUILD=$BN MPICC=gcc \
       MPI_CFLAGS="$MPICH_CFLAGS" MPI_LIBS="$MPICH_LIBS" OFI_CFLAGS="$OFI_CFLAGS" OFI_LIBS="$OFI_LIBS" gpu-test; then
     export GCOMM_OFI_PROVIDER=tcp FI_TCP_IFACE=lo
     NET_RPN=1 TEST_NGPUS=1 step net_2n1r_1g 200 $MPIEXEC_MPICH -n 2 "$node" $BN/test/gpu/test_gpu --quick
