@@ -7,10 +7,11 @@
  * GCOMM_NET_SHARED_BUFFERS), and gcommNetConnect takes any FIFO in host memory the caller owns
  * (e.g. pinned host memory mapped for a GPU). For a remote peer on one lane:
  *
- * Receiver: a fi_trecv is kept posted into every free slot, steps head .. head+STEPS-1. After
- * posting, it tells the sender how far it has posted: a credit, the count in an 8-byte fi_tinject
- * (no completion, no buffer to keep). The first STEPS receives are posted when the edge is
- * connected, before the ranks' barrier, so the sender starts with STEPS credits. A completed
+ * Receiver: a fi_trecv is kept posted into every free slot, steps head .. head+STEPS-1. It tells
+ * the sender how far it has posted: a credit, the count in an 8-byte fi_tinject (no completion,
+ * no buffer to keep), sent once the sender may have only STEPS/2 receives left (creditDue). The
+ * first STEPS receives are posted when the edge is connected, before the ranks' barrier, so the
+ * sender starts with STEPS credits. A completed
  * receive records its byte count in fifo->bytes[] and tail advances over the contiguous prefix of
  * completed steps (completions may come out of order). The executor drains slots and advances
  * head; the next pass re-posts into the freed slots.
@@ -284,6 +285,17 @@ static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t*
   return gcommSuccess;
 }
 
+/* Whether a receiving connection owes its sender a credit. Credits are told lazily, once at most
+ * half of the receives the sender knows of are still unmatched (credit - done): a credit for
+ * every freed slot would put a message on the path of every small operation (and gcommWait
+ * waits for owed credits), while the sender, with STEPS/2 receives left when this one leaves,
+ * still never waits for it. gcommWait's threads read it too. */
+static int creditDue(netConn_t* nc) {
+  uint64_t told = __atomic_load_n(&nc->credit, __ATOMIC_RELAXED);
+  return __atomic_load_n(&nc->posted, __ATOMIC_RELAXED) != told &&
+         told - __atomic_load_n(&nc->done, __ATOMIC_RELAXED) <= GCOMM_STEPS / 2;
+}
+
 /* A receiving connection: receives into every free slot, then the credit that says so. */
 static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t* nc, int* moved) {
   uint64_t limit = __atomic_load_n(&nc->conn->fifo->head, __ATOMIC_ACQUIRE) + GCOMM_STEPS;
@@ -304,7 +316,7 @@ static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t*
     __atomic_store_n(&nc->posted, s + 1, __ATOMIC_RELAXED); /* gcommNetSendsPending reads it */
     *moved = 1;
   }
-  if (nc->credit != nc->posted) {
+  if (creditDue(nc)) {
     ssize_t rc = fi_tinject(net->ep, &nc->posted, sizeof(uint64_t), nc->addr,
                             TAG_CREDIT | makeTag(comm->rank, nc->lane, 0));
     if (rc == 0) __atomic_store_n(&nc->credit, nc->posted, __ATOMIC_RELAXED);
@@ -424,14 +436,14 @@ static void completeData(netReq_t* req, size_t len, uint64_t tag) {
   int slot = (int)(req->step % GCOMM_STEPS);
   if (!nc->isSend) f->bytes[slot] = GCOMM_SLOT_WORD(tag, len);
   nc->complete[slot] = 1;
-  while (nc->done < nc->posted && nc->complete[nc->done % GCOMM_STEPS]) {
-    nc->complete[nc->done % GCOMM_STEPS] = 0;
-    nc->done++;
-  }
+  uint64_t done = nc->done;
+  while (done < nc->posted && nc->complete[done % GCOMM_STEPS])
+    nc->complete[done++ % GCOMM_STEPS] = 0;
+  __atomic_store_n(&nc->done, done, __ATOMIC_RELAXED); /* creditDue reads it */
   if (nc->isSend)
-    __atomic_store_n(&f->head, nc->done, __ATOMIC_RELEASE);
+    __atomic_store_n(&f->head, done, __ATOMIC_RELEASE);
   else
-    __atomic_store_n(&f->tail, nc->done, __ATOMIC_RELEASE);
+    __atomic_store_n(&f->tail, done, __ATOMIC_RELEASE);
 }
 
 /* Credits only grow: one that overtook a later one changes nothing. */
@@ -507,8 +519,7 @@ int gcommNetSendsPending(gcommComm_t comm) {
     netConn_t* nc = net->conns[i];
     if (nc->isSend ? __atomic_load_n(&nc->conn->fifo->tail, __ATOMIC_ACQUIRE) !=
                          __atomic_load_n(&nc->conn->fifo->head, __ATOMIC_ACQUIRE)
-                   : __atomic_load_n(&nc->posted, __ATOMIC_RELAXED) !=
-                         __atomic_load_n(&nc->credit, __ATOMIC_RELAXED))
+                   : creditDue(nc))
       return 1;
   }
   return 0;
