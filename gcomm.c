@@ -1540,11 +1540,15 @@ static int chooseAlgo(gcommComm_t comm, int func, size_t bytes) {
 static int chooseChannels(gcommComm_t comm, int func, size_t bytes) {
   int isP2p = func == gcommFuncSend || func == gcommFuncRecv;
   size_t maxCh = (size_t)(isP2p ? comm->nP2pChannels : comm->nChannels);
-  size_t perChannel = 4 * comm->slotBytes;
+  size_t nc = bytes / (4 * comm->slotBytes);
 #ifdef GCOMM_GPU
-  if (comm->device >= 0) perChannel = 32 * 1024; /* a block per channel: cheap to add */
+  /* a block per channel: up to 32 from 32 KB each; beyond 32 only once each gets 128 KB (more
+   * blocks made 2 MB slower and 16 MB+ faster: docs/PERF.md) */
+  if (comm->device >= 0) {
+    size_t few = bytes / (32 * 1024), many = bytes / (128 * 1024);
+    nc = many > 32 ? many : few < 32 ? few : 32;
+  }
 #endif
-  size_t nc = bytes / perChannel;
   return nc < 1 ? 1 : nc > maxCh ? (int)maxCh : (int)nc;
 }
 
