@@ -76,6 +76,9 @@
 #define cudaStreamIsCapturing hipStreamIsCapturing
 #define cudaStreamCaptureStatus hipStreamCaptureStatus /* an enum tag too */
 #define cudaStreamCaptureStatusNone hipStreamCaptureStatusNone
+#define cudaStreamCaptureMode hipStreamCaptureMode /* an enum tag too */
+#define cudaStreamCaptureModeRelaxed hipStreamCaptureModeRelaxed
+#define cudaThreadExchangeStreamCaptureMode hipThreadExchangeStreamCaptureMode
 /* the profiler's clock calibration (transports/p2p.c) */
 #define cudaStreamCreateWithFlags hipStreamCreateWithFlags
 #define cudaStreamNonBlocking hipStreamNonBlocking

@@ -50,6 +50,9 @@ struct gcommDev {
    */
   launchMark_t* marks;
   int nMarks;
+  /* the event after the latest launch (one of marks' events, never freed before destroy): the
+   * progress thread reads it to poll the network while launched kernels may still need it */
+  cudaEvent_t lastMark;
   int keepMemory;      /* destroy could not see every kernel end: what they use is never freed */
   char* netFifos;      /* cudaHostAlloc'd: the FIFOs to ranks on other nodes, or NULL */
   uint64_t waitSeenNs; /* progress thread: when it last saw the kernels' waiting flag */
@@ -395,6 +398,7 @@ static gcommResult_t markLaunch(gcommComm_t comm, cudaStream_t stream) {
     d->marks[i].stream = stream;
   }
   CUDA_CHECK(comm, -1, cudaEventRecord(d->marks[i].done, stream));
+  __atomic_store_n(&d->lastMark, d->marks[i].done, __ATOMIC_RELEASE);
   return gcommSuccess;
 }
 
@@ -541,6 +545,20 @@ gcommResult_t gcommDeviceWait(gcommComm_t comm, void* stream, const char* where)
 int gcommDeviceKernelsWaiting(gcommComm_t comm) {
   struct gcommDev* d = comm->dev;
   if (d == NULL || d->netFifos == NULL) return 0;
+  /* a launch still queued or running: its kernels will wait on the network FIFOs (launches are
+   * enqueued far ahead of the GPU: the flag the launch set is long consumed by then) */
+  cudaEvent_t last = __atomic_load_n(&d->lastMark, __ATOMIC_ACQUIRE);
+  if (last != NULL) {
+    /* relaxed: a query from this thread must not invalidate a graph the user captures meanwhile
+     * in global mode (as NCCL's proxy threads do) */
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    WITH_DEVICE(comm, old);
+    int running = cudaEventQuery(last) == cudaErrorNotReady;
+    RESTORE_DEVICE(comm, old);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (running) return 1;
+  }
   uint64_t now = gcommNowNs();
   if (*hostWaiting(d)) { /* a waiting block sets it every few hundred polls: ~1 ms at most */
     *hostWaiting(d) = 0;
