@@ -1146,7 +1146,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
    * the network, not the blocks, sets the pace */
   if (comm->device >= 0 && getenv("GCOMM_NCHANNELS") == NULL &&
       (config == NULL || config->nChannels == GCOMM_CONFIG_UNDEF_INT))
-    comm->params.nChannels = spansNodes(comm)            ? GPU_NET_CHANNELS
+    comm->params.nChannels = spansNodes(comm)          ? GPU_NET_CHANNELS
                              : comm->params.p2pDisable ? GPU_STAGED_CHANNELS
                                                        : GCOMM_MAX_CHANNELS;
   if (comm->device >= 0 && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
