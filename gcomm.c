@@ -896,6 +896,13 @@ static int progressPass(gcommComm_t comm) {
       if (ran < 0) {
         setAsyncError(comm, res);
         dumpState(comm, gcommGetErrorString(res)); /* where every queue stood */
+#ifdef GCOMM_OFI
+        /* a mismatch: slots this rank filled before it saw it still go out (posting sends them
+         * for small slots), so that a peer on another node waiting on them sees the mismatch in
+         * their tag instead of waiting for its deadline */
+        int posted = 0;
+        if (res == gcommInvalidUsage) (void)gcommNetProgress(comm, &posted);
+#endif
         drainAll(comm);
         return 1;
       }
