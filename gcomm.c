@@ -1147,15 +1147,22 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   GCOMM_CHECK(detectNode(comm, &hostId));
 #ifdef GCOMM_GPU
   GCOMM_CHECK(agree(comm, gcommDeviceSelect(comm, config), "GPU selection"));
+  /* every rank, so that the call matches: the smallest GPU of the communicator */
+  int sms = comm->device >= 0 ? comm->deviceSMs : INT_MAX, fewestSms = 0;
+  MPI_CHECK(comm, MPI_Allreduce(&sms, &fewestSms, 1, MPI_INT, MPI_MIN, comm->mpiComm));
   /* a GPU communicator wants more channels (blocks) and bigger slots than the host executor: a
-   * block pushes ~11 GB/s over NVLink, so 64 of them fill a link (docs/PERF.md); between nodes
-   * fewer channels: each lane to a remote rank pins 2 FIFOs of host memory, and
-   * the network, not the blocks, sets the pace */
+   * block pushes ~11 GB/s over NVLink, and blocks that reduce or copy locally leave the link idle
+   * meanwhile, so 128 of them fill it (docs/PERF.md). That many only with at most 2 ranks on the
+   * node (2 ranks sharing a GPU: 256 blocks, 2 resident per SM) and a GPU of 128 SMs or more,
+   * else 64 (FIFO memory grows with ranks x lanes). Between nodes fewer channels: each lane to a
+   * remote rank pins 2 FIFOs of host memory, and the network, not the blocks, sets the pace. */
   if (comm->device >= 0 && getenv("GCOMM_NCHANNELS") == NULL &&
       (config == NULL || config->nChannels == GCOMM_CONFIG_UNDEF_INT))
     comm->params.nChannels = spansNodes(comm)          ? GPU_NET_CHANNELS
                              : comm->params.p2pDisable ? GPU_STAGED_CHANNELS
-                                                       : GCOMM_MAX_CHANNELS;
+                             : comm->nLocal <= 2 && fewestSms >= GCOMM_MAX_CHANNELS
+                                 ? GCOMM_MAX_CHANNELS
+                                 : GCOMM_MAX_CHANNELS / 2;
   if (comm->device >= 0 && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
   if (comm->device >= 0 && spansNodes(comm) && comm->params.proto == gcommProtoLL)
     GCOMM_WARN(comm,
@@ -1549,11 +1556,12 @@ static int chooseChannels(gcommComm_t comm, int func, size_t bytes) {
   size_t maxCh = (size_t)(isP2p ? comm->nP2pChannels : comm->nChannels);
   size_t nc = bytes / (4 * comm->slotBytes);
 #ifdef GCOMM_GPU
-  /* a block per channel: up to 32 from 32 KB each; beyond 32 only once each gets 128 KB (more
-   * blocks made 2 MB slower and 16 MB+ faster: docs/PERF.md) */
+  /* a block per channel: up to 32 from 32 KB each; beyond 32 only once each gets 128 KB, beyond
+   * 64 once each gets 1 MB (more blocks made 2 MB slower and 16 MB+ faster; 128 were measured
+   * from 256 MB: docs/PERF.md) */
   if (comm->device >= 0) {
-    size_t few = bytes / (32 * 1024), many = bytes / (128 * 1024);
-    nc = many > 32 ? many : few < 32 ? few : 32;
+    size_t few = bytes / (32 * 1024), many = bytes / (128 * 1024), most = bytes / (1 << 20);
+    nc = most > 64 ? most : many > 64 ? 64 : many > 32 ? many : few < 32 ? few : 32;
   }
 #endif
   return nc < 1 ? 1 : nc > maxCh ? (int)maxCh : (int)nc;

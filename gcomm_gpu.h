@@ -45,6 +45,8 @@
 #define cudaSetDevice hipSetDevice
 #define cudaDeviceSynchronize hipDeviceSynchronize
 #define cudaDeviceCanAccessPeer hipDeviceCanAccessPeer
+#define cudaDeviceGetAttribute hipDeviceGetAttribute
+#define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define cudaMalloc hipMalloc
 #define cudaFree hipFree
 #define cudaMemset hipMemset

@@ -149,7 +149,7 @@ typedef struct {
 } gcommCard_t;
 
 #define GCOMM_COMM_MAGIC 0x636f6d6du
-#define GCOMM_MAX_CHANNELS 64 /* GCOMM_NCHANNELS, config.nChannels */
+#define GCOMM_MAX_CHANNELS 128 /* GCOMM_NCHANNELS, config.nChannels */
 
 /* ---- Profiler (gcomm_profiler.h; the plugin section of gcomm.c) ---- */
 typedef struct {
@@ -186,6 +186,7 @@ struct gcommComm {
   unsigned int magic;
   MPI_Comm mpiComm;
   int rank, nranks, device;
+  int deviceSMs;      /* GPU communicators: the GPU's multiprocessors */
   int nLocal;         /* ranks on this node */
   gcommCard_t* cards; /* every rank's card */
   char name[64];

@@ -89,6 +89,8 @@ gcommResult_t gcommDeviceSelect(gcommComm_t comm, const gcommConfig_t* config) {
     return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
                        "config->device %d is not a CUDA device (0..%d)", want, count - 1);
   comm->device = want;
+  CUDA_CHECK(comm, -1,
+             cudaDeviceGetAttribute(&comm->deviceSMs, cudaDevAttrMultiProcessorCount, want));
   return gcommSuccess;
 }
 
