@@ -1557,10 +1557,10 @@ static int chooseChannels(gcommComm_t comm, int func, size_t bytes) {
   size_t nc = bytes / (4 * comm->slotBytes);
 #ifdef GCOMM_GPU
   /* a block per channel: up to 32 from 32 KB each; beyond 32 only once each gets 128 KB, beyond
-   * 64 once each gets 1 MB (more blocks made 2 MB slower and 16 MB+ faster; 128 were measured
-   * from 256 MB: docs/PERF.md) */
+   * 64 once each gets 512 KB, a slot (more blocks made 2 MB slower and 16 MB+ faster: docs/PERF.md)
+   */
   if (comm->device >= 0) {
-    size_t few = bytes / (32 * 1024), many = bytes / (128 * 1024), most = bytes / (1 << 20);
+    size_t few = bytes / (32 * 1024), many = bytes / (128 * 1024), most = bytes / (512 * 1024);
     nc = most > 64 ? most : many > 64 ? 64 : many > 32 ? many : few < 32 ? few : 32;
   }
 #endif
