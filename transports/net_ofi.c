@@ -249,6 +249,14 @@ static gcommResult_t postFailed(gcommComm_t comm, netConn_t* nc, const char* wha
                      what, nc->peer, nc->lane, (unsigned long long)step, fi_strerror((int)-rc));
 }
 
+/* The request of step s's slot, taken for step s. */
+static netReq_t* slotReq(netConn_t* nc, uint64_t s) {
+  netReq_t* req = &nc->reqs[s % GCOMM_STEPS];
+  req->nc = nc;
+  req->step = s;
+  return req;
+}
+
 /* Posts what can be posted on a sending connection: the credit receive, then sends of the filled
  * slots the receiver has receives for. -FI_EAGAIN: the provider needs progress (the CQ read). */
 static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t* nc, int* moved) {
@@ -266,9 +274,7 @@ static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t*
   while (nc->posted < limit) {
     uint64_t s = nc->posted;
     int slot = (int)(s % GCOMM_STEPS);
-    netReq_t* req = &nc->reqs[slot];
-    req->nc = nc;
-    req->step = s;
+    netReq_t* req = slotReq(nc, s);
     /* the slot's word: the payload size, and the call's tag in the completion data */
     uint64_t word = f->bytes[slot];
     ssize_t rc = fi_tsenddata(net->ep, nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
@@ -302,9 +308,7 @@ static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t*
   while (nc->posted < limit) {
     uint64_t s = nc->posted;
     int slot = (int)(s % GCOMM_STEPS);
-    netReq_t* req = &nc->reqs[slot];
-    req->nc = nc;
-    req->step = s;
+    netReq_t* req = slotReq(nc, s);
     ssize_t rc =
         fi_trecv(net->ep, nc->conn->slots + (size_t)slot * nc->conn->slotBytes, nc->conn->slotBytes,
                  nc->desc, FI_ADDR_UNSPEC, makeTag(nc->peer, nc->lane, s), 0, &req->ctx);
