@@ -1129,6 +1129,56 @@ static void tuningPrint(gcommComm_t comm);
 #define GPU_NET_CHANNELS 4
 #define GPU_STAGED_CHANNELS 16 /* GCOMM_P2P_DISABLE: PCIe, not the blocks, sets the pace */
 
+#ifdef GCOMM_GPU
+/* One rank's GPU, as gpuDefaultChannels gathers it: ranks sharing a GPU have the same node and
+ * PCI address. */
+typedef struct {
+  uint64_t node, pci;
+  int64_t sms; /* -1: a host communicator's rank */
+} gpuOfRank_t;
+
+static int gpuOfRankCompare(const void* a, const void* b) {
+  const gpuOfRank_t *x = a, *y = b;
+  if (x->node != y->node) return x->node < y->node ? -1 : 1;
+  return x->pci < y->pci ? -1 : x->pci > y->pci;
+}
+
+/* Collective (every rank). The channel (block) count a GPU communicator uses by default. A block
+ * pushes ~11 GB/s over NVLink and blocks that reduce or copy locally leave the link idle
+ * meanwhile, so 128 of them fill it (docs/PERF.md: 2 and 4 GPUs). Blocks of ranks that share a
+ * GPU wait on each other, so all of them must be resident at once: at most 2 a multiprocessor
+ * (this kernel's 64 registers x 512 threads), and not more than one per multiprocessor for each
+ * rank. More than 4 ranks on a node: 64 at most (FIFO memory grows with ranks x lanes). Between
+ * nodes 4: each lane to a remote rank pins 2 FIFOs of host memory, and the network sets the pace;
+ * staged through host memory (GCOMM_P2P_DISABLE) 16: PCIe sets it. */
+static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* nChannels) {
+  gpuOfRank_t mine = {hostId, comm->devicePci, comm->device >= 0 ? comm->deviceSMs : -1};
+  gpuOfRank_t* all = calloc(comm->nranks, sizeof(*all));
+  if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  int rc = MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all, sizeof(mine), MPI_BYTE, comm->mpiComm);
+  if (rc != MPI_SUCCESS) {
+    free(all);
+    MPI_CHECK(comm, rc);
+  }
+  qsort(all, comm->nranks, sizeof(*all), gpuOfRankCompare);
+  int64_t fewestSms = INT64_MAX;
+  int sharing = 1; /* the most ranks on one GPU */
+  for (int i = 0, run = 0; i < comm->nranks; i++) {
+    if (all[i].sms < 0) continue;
+    if (all[i].sms < fewestSms) fewestSms = all[i].sms;
+    run = i > 0 && gpuOfRankCompare(&all[i], &all[i - 1]) == 0 ? run + 1 : 1;
+    if (run > sharing) sharing = run;
+  }
+  free(all);
+  int nch = comm->nLocal > 4 ? GCOMM_MAX_CHANNELS / 2 : GCOMM_MAX_CHANNELS;
+  while (nch > 1 && (nch > fewestSms || (int64_t)sharing * nch > 2 * fewestSms)) nch /= 2;
+  *nChannels = spansNodes(comm)          ? GPU_NET_CHANNELS
+               : comm->params.p2pDisable ? GPU_STAGED_CHANNELS
+                                         : nch;
+  return gcommSuccess;
+}
+#endif
+
 /* Everything after the MPI communicator exists; on failure the caller frees comm. */
 static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   static int commCounter;
@@ -1147,22 +1197,11 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   GCOMM_CHECK(detectNode(comm, &hostId));
 #ifdef GCOMM_GPU
   GCOMM_CHECK(agree(comm, gcommDeviceSelect(comm, config), "GPU selection"));
-  /* every rank, so that the call matches: the smallest GPU of the communicator */
-  int sms = comm->device >= 0 ? comm->deviceSMs : INT_MAX, fewestSms = 0;
-  MPI_CHECK(comm, MPI_Allreduce(&sms, &fewestSms, 1, MPI_INT, MPI_MIN, comm->mpiComm));
-  /* a GPU communicator wants more channels (blocks) and bigger slots than the host executor: a
-   * block pushes ~11 GB/s over NVLink, and blocks that reduce or copy locally leave the link idle
-   * meanwhile, so 128 of them fill it (docs/PERF.md). That many only with at most 2 ranks on the
-   * node (2 ranks sharing a GPU: 256 blocks, 2 resident per SM) and a GPU of 128 SMs or more,
-   * else 64 (FIFO memory grows with ranks x lanes). Between nodes fewer channels: each lane to a
-   * remote rank pins 2 FIFOs of host memory, and the network, not the blocks, sets the pace. */
+  int gpuChannels = 0;
+  GCOMM_CHECK(gpuDefaultChannels(comm, hostId, &gpuChannels)); /* every rank: an MPI call */
   if (comm->device >= 0 && getenv("GCOMM_NCHANNELS") == NULL &&
       (config == NULL || config->nChannels == GCOMM_CONFIG_UNDEF_INT))
-    comm->params.nChannels = spansNodes(comm)          ? GPU_NET_CHANNELS
-                             : comm->params.p2pDisable ? GPU_STAGED_CHANNELS
-                             : comm->nLocal <= 2 && fewestSms >= GCOMM_MAX_CHANNELS
-                                 ? GCOMM_MAX_CHANNELS
-                                 : GCOMM_MAX_CHANNELS / 2;
+    comm->params.nChannels = gpuChannels;
   if (comm->device >= 0 && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
   if (comm->device >= 0 && spansNodes(comm) && comm->params.proto == gcommProtoLL)
     GCOMM_WARN(comm,

@@ -47,6 +47,9 @@
 #define cudaDeviceCanAccessPeer hipDeviceCanAccessPeer
 #define cudaDeviceGetAttribute hipDeviceGetAttribute
 #define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define cudaDevAttrPciDomainId hipDeviceAttributePciDomainID
+#define cudaDevAttrPciBusId hipDeviceAttributePciBusId
+#define cudaDevAttrPciDeviceId hipDeviceAttributePciDeviceId
 #define cudaMalloc hipMalloc
 #define cudaFree hipFree
 #define cudaMemset hipMemset

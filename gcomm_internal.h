@@ -187,6 +187,7 @@ struct gcommComm {
   MPI_Comm mpiComm;
   int rank, nranks, device;
   int deviceSMs;      /* GPU communicators: the GPU's multiprocessors */
+  uint64_t devicePci; /* GPU communicators: the GPU's PCI domain, bus and device */
   int nLocal;         /* ranks on this node */
   gcommCard_t* cards; /* every rank's card */
   char name[64];

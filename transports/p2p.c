@@ -91,6 +91,12 @@ gcommResult_t gcommDeviceSelect(gcommComm_t comm, const gcommConfig_t* config) {
   comm->device = want;
   CUDA_CHECK(comm, -1,
              cudaDeviceGetAttribute(&comm->deviceSMs, cudaDevAttrMultiProcessorCount, want));
+  /* the GPU's PCI address: ranks of a node that share a GPU have the same */
+  int domain = 0, bus = 0, dev = 0;
+  CUDA_CHECK(comm, -1, cudaDeviceGetAttribute(&domain, cudaDevAttrPciDomainId, want));
+  CUDA_CHECK(comm, -1, cudaDeviceGetAttribute(&bus, cudaDevAttrPciBusId, want));
+  CUDA_CHECK(comm, -1, cudaDeviceGetAttribute(&dev, cudaDevAttrPciDeviceId, want));
+  comm->devicePci = ((uint64_t)domain << 16) | ((uint64_t)bus << 8) | (uint64_t)dev;
   return gcommSuccess;
 }
 

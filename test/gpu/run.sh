@@ -12,6 +12,9 @@ OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 B=${BUILD:-build-gpu}
 export GCOMM_TIMEOUT_MS=${GCOMM_TIMEOUT_MS:-30000}
 NG=$(nvidia-smi -L 2>/dev/null | wc -l)
+# ranks of the main stages (test, perf, large, channels): one a GPU, 2 by default (the x2 bars);
+# NR=4 on nvidia-h200-x4
+NR=${NR:-2}
 { nvidia-smi; nvidia-smi topo -m; df -h /dev/shm; } > "$OUT/machine.log" 2>&1
 if command -v mpicc >/dev/null && mpicc -showme >/dev/null 2>&1; then   # Open MPI
   MPICC=mpicc; RUN="mpirun --oversubscribe --bind-to none -x GCOMM_TIMEOUT_MS -x TEST_NGPUS -x LD_LIBRARY_PATH -x GCOMM_DEBUG -np"
@@ -36,11 +39,11 @@ step() { # name timeout command...
 # (it needs neither MPI nor NCCL): make uses it as it is, saving the one long compile
 KEEP=(); [ "$KERNELS_PREBUILT" = 1 ] && [ -f $B/obj/gcomm_kernels.o ] && KEEP=(-o $B/obj/gcomm_kernels.o)
 step build 300 make -j"$(nproc)" "${KEEP[@]}" CUDA=1 CUDA_ARCH=90 BUILD=$B MPICC="$MPICC" "${EXTRA[@]}" $NCCLARG gpu-test || exit 1
-want test && step test_2r${NG}g 300 $RUN 2 $B/test/gpu/test_gpu
-want test && step fault_2r 120 $RUN 2 $B/test/gpu/test_gpu_fault   # abort, kernel mismatch, async error
+want test && step test_${NR}r${NG}g 400 $RUN $NR $B/test/gpu/test_gpu
+want test && step fault_${NR}r 120 $RUN $NR $B/test/gpu/test_gpu_fault   # abort, kernel mismatch, async error
 # the benchmark: gcomm and NCCL through the same harness, one table each, every collective
 PERFBACK=gcomm; [ -n "$NCCLARG" ] && PERFBACK=gcomm,nccl
-want perf && step perf_2r 240 $RUN 2 $B/gcomm_perf --coll all -b 8 -e 64M -f 8 -n 20 -w 5 --backend $PERFBACK
+want perf && step perf_${NR}r 240 $RUN $NR $B/gcomm_perf --coll all -b 8 -e 64M -f 8 -n 20 -w 5 --backend $PERFBACK
 # each protocol forced, small sizes: the numbers behind the cost model's GPU constants
 if want sweep; then
   GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=TUNING step tuning 60 $RUN 2 $PASSENV $B/gcomm_perf --coll allreduce -b 8 -e 8 -n 1 -w 0
@@ -54,15 +57,18 @@ if want knobs; then
     GCOMM_BUFFSIZE=$b step knobs_buff$b 120 $RUN 2 -x GCOMM_BUFFSIZE $B/gcomm_perf --coll allreduce,reduce,reducescatter,broadcast -b 256M -e 256M -n 10 -w 3 -c 0 --backend gcomm
   done
 fi
-# channel count (blocks per collective) against the same large-message rates (default 32)
+# channel count (blocks per collective) against the same large-message rates (CHANNELS picks them)
 if want channels; then
-  for c in 16 48 64; do
-    GCOMM_NCHANNELS=$c step channels_$c 120 $RUN 2 -x GCOMM_NCHANNELS $B/gcomm_perf --coll allreduce,reduce,reducescatter,broadcast,alltoall -b 256M -e 256M -n 10 -w 3 -c 0 --backend gcomm
+  for c in ${CHANNELS:-16 48 64}; do
+    GCOMM_NCHANNELS=$c step channels_${NR}r_$c 120 $RUN $NR -x GCOMM_NCHANNELS $B/gcomm_perf --coll allreduce,reduce,reducescatter,broadcast,alltoall -b 256M -e 256M -n 10 -w 3 -c 0 --backend gcomm
   done
 fi
-want large && step perf_2r_large 300 $RUN 2 $B/gcomm_perf --coll all -b 64M -e 4G -f 4 -n 10 -w 3 -c 0 --backend $PERFBACK
-want quick && step test_4r${NG}g 200 $RUN 4 $B/test/gpu/test_gpu --quick
-want quick && TEST_NGPUS=1 step test_2r1g 120 $RUN 2 $B/test/gpu/test_gpu --quick
+want large && step perf_${NR}r_large 300 $RUN $NR $B/gcomm_perf --coll all -b 64M -e 4G -f 4 -n 10 -w 3 -c 0 --backend $PERFBACK
+want quick && step quick_4r${NG}g 200 $RUN 4 $B/test/gpu/test_gpu --quick
+# two ranks on every GPU when there are more than 2 (8 ranks on nvidia-h200-x4)
+want quick && [ "$NG" -gt 2 ] && step quick_$((2 * NG))r${NG}g 300 $RUN $((2 * NG)) $B/test/gpu/test_gpu --quick
+want quick && TEST_NGPUS=1 step quick_2r1g 120 $RUN 2 $B/test/gpu/test_gpu --quick
+want quick && TEST_NGPUS=1 step quick_4r1g 200 $RUN 4 $B/test/gpu/test_gpu --quick
 # the profiler on GPU communicators: kernel-channel events from device timestamps, merged and
 # checked (valid JSON, one track per rank, children inside their parents)
 if want profiler; then
