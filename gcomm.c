@@ -472,9 +472,27 @@ static const char* const typeNames[gcommNumTypes] = {"int8",    "uint8",   "int3
                                                      "float64", "bfloat16"};
 static const char* const opNames[gcommNumOps] = {"sum", "prod", "max", "min", "avg"};
 
-/* A step is ready when every FIFO it reads holds a slot and every FIFO it writes has room.
- * Returns the peer it waits on (and whether for a receive), or -1 when ready. */
-static int stepBlockedOn(gcommComm_t comm, int lane, const gcommStep_t* st, int* isRecv) {
+/* The peer of an unfinished network send from the caller's memory (gcommConn_t.refs) that
+ * overlaps [p, p + len) on this lane, or -1. */
+static int refOverlaps(gcommComm_t comm, int lane, const char* p, size_t len) {
+  for (int q = 0; q < comm->nranks; q++) {
+    gcommConn_t* c = sendConn(comm, lane, q);
+    uint64_t s = c->refs ? __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE) : c->refUntil;
+    for (; s < c->refUntil; s++) {
+      const char* r = c->refs[s % GCOMM_STEPS];
+      if (r && r < p + len && p < r + (uint32_t)c->fifo->bytes[s % GCOMM_STEPS]) return q;
+    }
+  }
+  return -1;
+}
+
+/* A step is ready when every FIFO it reads holds a slot, every FIFO it writes has room, and no
+ * network send still reads the memory it writes (a send by reference: the next steps of an
+ * in-place operation rewrite its input). Returns the peer it waits on (and whether for a
+ * receive), or -1 when ready. */
+static int stepBlockedOn(gcommComm_t comm, const gcommWork_t* w, const gcommStep_t* st,
+                         int* isRecv) {
+  int lane = w->lane;
   for (int i = 0; i < 2; i++) {
     if (st->recvPeer[i] < 0) continue;
     gcommConn_t* c = recvConn(comm, lane, st->recvPeer[i]);
@@ -491,7 +509,13 @@ static int stepBlockedOn(gcommComm_t comm, int lane, const gcommStep_t* st, int*
       return st->sendPeer[i];
     }
   }
-  return -1;
+  size_t esz = gcommTypeSize(w->op->datatype);
+  int peer = st->dst == GCOMM_BUF_NONE || !spansNodes(comm)
+                 ? -1
+                 : refOverlaps(comm, lane, opBuffer(w->op, st->dst) + st->dstOff * esz,
+                               st->count * esz);
+  *isRecv = 0;
+  return peer;
 }
 
 /* The tag of a call: what every rank must agree on at one point of the FIFOs. Fields (bits): func
@@ -545,6 +569,7 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
   char* src = opBuffer(op, st->src);
   char* dst = opBuffer(op, st->dst);
   char *in[2] = {NULL, NULL}, *out[2] = {NULL, NULL};
+  gcommConn_t* outConn[2] = {NULL, NULL};
   int nIn = 0, nOut = 0;
   if (src) src += st->srcOff * esz;
   if (dst) dst += st->dstOff * esz;
@@ -565,10 +590,16 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
       }
       in[nIn++] = slotOf(c);
     }
-    if (st->sendPeer[i] >= 0) out[nOut++] = slotOf(sendConn(comm, w->lane, st->sendPeer[i]));
+    if (st->sendPeer[i] >= 0) {
+      outConn[nOut] = sendConn(comm, w->lane, st->sendPeer[i]);
+      out[nOut] = slotOf(outConn[nOut]);
+      nOut++;
+    }
   }
-  /* compute the value once, into dst if there is one, else into the first send slot */
-  char* value = dst ? dst : out[0];
+  /* compute the value once, into dst if there is one, else into the first send slot; a value in
+   * the caller's memory (dst, or src sent as it is) goes to a network FIFO by reference */
+  char* user = dst ? dst : nIn == 0 && !st->postOp ? src : NULL;
+  char* value = user ? user : out[0];
   if (value != NULL && bytes > 0) {
     if (nIn == 0) {
       if (value != src) memcpy(value, src, bytes);
@@ -586,7 +617,7 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
     if (st->postOp && op->redop == gcommAvg)
       divideTable[op->datatype](value, st->count, comm->nranks);
     for (int i = 0; i < nOut; i++)
-      if (out[i] != value) memcpy(out[i], value, bytes);
+      if (out[i] != value && !(user && outConn[i]->refs)) memcpy(out[i], value, bytes);
   }
   /* publish: payload sizes and data before the counters that hand the slots over */
   for (int i = 0; i < 2; i++) {
@@ -595,6 +626,10 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
       /* the payload size and the call's tag (across nodes the tag travels as the message's
        * completion data, transports/net_ofi.c) */
       c->fifo->bytes[c->step % GCOMM_STEPS] = GCOMM_SLOT_WORD(op->tag, bytes);
+      if (c->refs) {
+        c->refs[c->step % GCOMM_STEPS] = user;
+        if (user) c->refUntil = c->step + 1;
+      }
       __atomic_store_n(&c->fifo->tail, ++c->step, __ATOMIC_RELEASE);
     }
     if (st->recvPeer[i] >= 0) {
@@ -712,7 +747,7 @@ static int advanceWork(gcommComm_t comm, gcommWork_t* w, gcommResult_t* res) {
     gcommSchedGetStep(&w->sched, w->step, &st);
     if (GCOMM_PROF_ON(comm, gcommProfileProxyOp | gcommProfileProxyStep))
       gcommProfStepBegin(comm, w, &st);
-    int peer = stepBlockedOn(comm, w->lane, &st, &isRecv);
+    int peer = stepBlockedOn(comm, w, &st, &isRecv);
     if (peer >= 0) {
       if (w->profStep != NULL && w->waitSinceNs == 0) gcommProfStepWait(comm, w, peer, isRecv);
       *res = workBlocked(comm, w, peer, isRecv);

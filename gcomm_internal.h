@@ -100,6 +100,12 @@ typedef struct {
   uint64_t step; /* this side's own counter: the next slot to fill (sender) or drain */
   size_t slotBytes;
   int peer;
+  /* A network send FIFO whose provider sends from any memory (transports/net_ofi.c): the host
+   * executor may hand a slot over as a pointer into the caller's buffer (refs[slot]) instead of
+   * copying the data into it; refUntil: the step after the last slot so handed over. NULL
+   * elsewhere. */
+  const char** refs;
+  uint64_t refUntil;
 } gcommConn_t;
 
 /* ---- Operations ----

@@ -90,6 +90,7 @@ struct netConn {
   int creditPosted;    /* send: the credit receive is posted */
   uint64_t* creditBuf; /* send: where the credit receive lands (registered) */
   uint8_t complete[GCOMM_STEPS];
+  const char* refs[GCOMM_STEPS]; /* a host send FIFO's gcommConn_t.refs */
   netReq_t reqs[GCOMM_STEPS];
   netReq_t creditReq;
 };
@@ -277,9 +278,11 @@ static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t*
     netReq_t* req = slotReq(nc, s);
     /* the slot's word: the payload size, and the call's tag in the completion data */
     uint64_t word = f->bytes[slot];
-    ssize_t rc = fi_tsenddata(net->ep, nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
-                              (size_t)(uint32_t)word, nc->desc, word >> 32, nc->addr,
-                              makeTag(comm->rank, nc->lane, s), &req->ctx);
+    const char* ref = nc->conn->refs ? nc->conn->refs[slot] : NULL;
+    ssize_t rc = fi_tsenddata(
+        net->ep, ref ? ref : nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
+        (size_t)(uint32_t)word, ref ? NULL : nc->desc, word >> 32, nc->addr,
+        makeTag(comm->rank, nc->lane, s), &req->ctx);
     if (rc == -FI_EAGAIN) break;
     if (rc != 0) return postFailed(comm, nc, "fi_tsenddata", s, rc);
     req->prof = GCOMM_PROF_ON(comm, gcommProfileNet)
@@ -417,6 +420,9 @@ static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, in
         c->slotBytes = comm->slotBytes;
         c->peer = p;
         gcommResult_t res = gcommNetConnect(comm, c, p, lane, isSend);
+        /* sends from the caller's buffers need a provider that wants no registration for them */
+        if (res == gcommSuccess && isSend && !(net->info->domain_attr->mr_mode & FI_MR_LOCAL))
+          c->refs = net->conns[net->nConns - 1]->refs;
         if (!shared && res == gcommSuccess) {
           net->conns[net->nConns - 1]->ownMem = base;
           net->conns[net->nConns - 1]->ownBytes = fb;
