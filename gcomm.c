@@ -510,10 +510,10 @@ static int stepBlockedOn(gcommComm_t comm, const gcommWork_t* w, const gcommStep
     }
   }
   size_t esz = gcommTypeSize(w->op->datatype);
-  int peer = st->dst == GCOMM_BUF_NONE || !spansNodes(comm)
-                 ? -1
-                 : refOverlaps(comm, lane, opBuffer(w->op, st->dst) + st->dstOff * esz,
-                               st->count * esz);
+  int peer =
+      st->dst == GCOMM_BUF_NONE || !spansNodes(comm)
+          ? -1
+          : refOverlaps(comm, lane, opBuffer(w->op, st->dst) + st->dstOff * esz, st->count * esz);
   *isRecv = 0;
   return peer;
 }
@@ -1003,6 +1003,20 @@ static void* progressThread(void* arg) {
   uint64_t idleSince = 0;
   pthread_mutex_lock(&comm->progressLock);
   while (!__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
+    if (__atomic_load_n(&comm->drivers, __ATOMIC_ACQUIRE) > 0) {
+      /* a waiting thread runs the passes (gcommWait): stay off the cores until it leaves */
+      pthread_mutex_unlock(&comm->progressLock);
+      pthread_mutex_lock(&comm->postLock);
+      while (__atomic_load_n(&comm->drivers, __ATOMIC_ACQUIRE) > 0 &&
+             !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
+        struct timespec ts = deadlineIn(100 * 1000000);
+        pthread_cond_timedwait(&comm->postCond, &comm->postLock, &ts);
+      }
+      pthread_mutex_unlock(&comm->postLock);
+      pthread_mutex_lock(&comm->progressLock);
+      idleSince = 0;
+      continue;
+    }
     if (progressPass(comm)) {
       idleSince = 0;
       continue;
@@ -2100,29 +2114,19 @@ gcommResult_t gcommTest(gcommComm_t comm, gcommStream_t stream) {
   return allDone(comm, target) ? finalResult(comm, __func__) : gcommInProgress;
 }
 
-gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
-  GCOMM_CHECK(checkComm(comm, __func__));
-#ifdef GCOMM_GPU
-  if (comm->device >= 0) return gcommDeviceWait(comm, stream, __func__);
-#endif
-  if (stream != NULL)
-    return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
-                       "stream must be NULL on a host communicator");
-  uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
+/* gcommWait's loop: until the operations posted before target are done. A driver runs passes. */
+static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int drive) {
   uint64_t deadline = gcommNowNs() + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
   uint64_t idleSince = 0;
-  int poll = comm->params.proxyMode == GCOMM_PROXY_POLL;
   while (!allDone(comm, target)) {
-    if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE)) return finalResult(comm, __func__);
+    if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE)) return finalResult(comm, "gcommWait");
     if (gcommNowNs() > deadline)
-      return GCOMM_ERROR(
-          comm, gcommTimeout, -1, "%llu operations still outstanding after GCOMM_TIMEOUT_MS=%lld",
+      return gcommSetError(
+          comm, gcommTimeout, -1, "gcommWait",
+          "%llu operations still outstanding after GCOMM_TIMEOUT_MS=%lld",
           (unsigned long long)(target - __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE)),
           (long long)comm->params.timeoutMs);
-    /* Between nodes a waiting thread also runs passes whenever the engine thread is not in one
-     * (it is waiting on the network then), as in poll mode: no hand-off from one thread to the
-     * other on the critical path (small all-reduces over tcp: 12 against 40-60 us). */
-    if (poll || (comm->nLocal < comm->nranks && pthread_mutex_trylock(&comm->progressLock) == 0)) {
+    if (poll || (drive && pthread_mutex_trylock(&comm->progressLock) == 0)) {
       if (poll) pthread_mutex_lock(&comm->progressLock);
       int moved = progressPass(comm), mayNap = !netBusy(comm);
       pthread_mutex_unlock(&comm->progressLock);
@@ -2141,7 +2145,33 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
       pthread_mutex_unlock(&comm->doneLock);
     }
   }
-  return finalResult(comm, __func__);
+  return finalResult(comm, "gcommWait");
+}
+
+gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
+  GCOMM_CHECK(checkComm(comm, __func__));
+#ifdef GCOMM_GPU
+  if (comm->device >= 0) return gcommDeviceWait(comm, stream, __func__);
+#endif
+  if (stream != NULL)
+    return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
+                       "stream must be NULL on a host communicator");
+  uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
+  int poll = comm->params.proxyMode == GCOMM_PROXY_POLL;
+  /* Between nodes a waiting thread runs the passes itself, as in poll mode, and the engine thread
+   * sleeps meanwhile: no hand-off from one thread to the other on the critical path (small
+   * all-reduces over tcp: 12 against 40-60 us), and no second thread taking turns on the lock
+   * and the cores (each of its waits on the lock cost a futex wake: docs/PERF.md). */
+  int drive = !poll && spansNodes(comm);
+  if (drive) __atomic_add_fetch(&comm->drivers, 1, __ATOMIC_SEQ_CST);
+  gcommResult_t res = waitDone(comm, target, poll, drive);
+  if (drive && __atomic_sub_fetch(&comm->drivers, 1, __ATOMIC_SEQ_CST) == 0 &&
+      !allDone(comm, __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE))) {
+    pthread_mutex_lock(&comm->postLock); /* the engine thread takes over what is left */
+    pthread_cond_broadcast(&comm->postCond);
+    pthread_mutex_unlock(&comm->postLock);
+  }
+  return res;
 }
 
 /* ======================================================================================== */

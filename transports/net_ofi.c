@@ -279,10 +279,10 @@ static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t*
     /* the slot's word: the payload size, and the call's tag in the completion data */
     uint64_t word = f->bytes[slot];
     const char* ref = nc->conn->refs ? nc->conn->refs[slot] : NULL;
-    ssize_t rc = fi_tsenddata(
-        net->ep, ref ? ref : nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
-        (size_t)(uint32_t)word, ref ? NULL : nc->desc, word >> 32, nc->addr,
-        makeTag(comm->rank, nc->lane, s), &req->ctx);
+    ssize_t rc =
+        fi_tsenddata(net->ep, ref ? ref : nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
+                     (size_t)(uint32_t)word, ref ? NULL : nc->desc, word >> 32, nc->addr,
+                     makeTag(comm->rank, nc->lane, s), &req->ctx);
     if (rc == -FI_EAGAIN) break;
     if (rc != 0) return postFailed(comm, nc, "fi_tsenddata", s, rc);
     req->prof = GCOMM_PROF_ON(comm, gcommProfileNet)
