@@ -587,6 +587,10 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, 2)
    * so that thread 0 writing the next step's shFail never races a slow thread's read of this
    * step's outcome after the second barrier. */
   __shared__ volatile int shFail, shDataFail;
+  /* The next GCOMM_DEV_STEP_BATCH steps of the work, computed by as many threads at once: one
+   * thread computing each step as it comes is a few hundred dependent instructions, ~1 us a step
+   * on the critical path of a small operation (docs/PERF.md). */
+  __shared__ gcommStep_t shSteps[GCOMM_DEV_STEP_BATCH];
   /* The block's lane's connections (send to p at [p], receive from p at [n + p]) with their
    * counters (gcomm_device.h: send step, receive step, known head), in shared memory: a step then
    * reads no global memory but the FIFO counters it polls. The counters this block moved go back
@@ -627,8 +631,13 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, 2)
     const bool ll = LL_ONLY || w.proto == gcommProtoLL;
     const size_t hdr = ll ? GCOMM_LL_LINE : 0; /* LL slots start with the header line */
     for (long s = 0; s < w.nSteps; s++) {
-      gcommStep_t st;
-      gcommSchedGetStep(&sched, s, &st);
+      if (s % GCOMM_DEV_STEP_BATCH == 0) {
+        __syncthreads(); /* every thread is done with the previous batch */
+        if (tid < GCOMM_DEV_STEP_BATCH && s + tid < w.nSteps)
+          gcommSchedGetStep(&sched, s + tid, &shSteps[tid]);
+        __syncthreads();
+      }
+      const gcommStep_t& st = shSteps[s % GCOMM_DEV_STEP_BATCH];
       size_t bytes = st.count * esz;
       if (tid == 0) {
         uint64_t t0 = 0;
