@@ -12,6 +12,11 @@
  * LL protocol (small messages): the slot is a header line then LL lines (gcomm_sched.h); thread 0
  * waits for the header line instead of the tail, every thread polls its own lines for the
  * step's flag, and nothing is fenced: the flags are the synchronisation.
+ *
+ * Small operations are bound by the kernel's own time, so the hot path keeps out of local
+ * memory: a launch whose works are all LL runs the LL_ONLY instantiation (Simple compiled out,
+ * the LL step inlined), and a block computes its next steps a batch at a time, a thread each
+ * (docs/PERF.md, "Where a small operation's time goes").
  */
 #include <stdint.h>
 
