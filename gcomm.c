@@ -1590,13 +1590,14 @@ static double predictUs(int func, int algo, int n, double bytes) {
 #ifdef GCOMM_GPU
 /* GPU communicators, per protocol, fitted to GCOMM_PROTO-forced sweeps on 2 H200s over NVLink
  * (docs/PERF.md): the cost of one FIFO hop (launch included), what one block (a channel) moves
- * per microsecond, and the link's cap. LL saves ~0.5 us a hop but moves data at a fraction of
- * Simple's rate (half of every line is flags), so it pays up to a few KB. */
+ * per microsecond, and the link's cap. LL saves ~2 us a hop (its launches run the LL-only kernel,
+ * which spills nothing) but moves data at a fraction of Simple's rate (half of every line is
+ * flags), so it pays up to ~128-256 KB (session 4's sweep). */
 static const struct {
   double hopUs, blockBytesPerUs, linkBytesPerUs;
 } gpuCost[gcommNumProtos] = {
     {5.9, 20000, 340000}, /* Simple: payload, one release per post */
-    {5.4, 8000, 120000},  /* LL: flags in the data */
+    {3.9, 11000, 120000}, /* LL: flags in the data; its kernel spills nothing (session 4) */
 };
 
 static double predictGpuUs(int func, int algo, int proto, int n, double bytes, int nch) {
@@ -1639,7 +1640,7 @@ static int chooseAlgo(gcommComm_t comm, int func, size_t bytes) {
  * collective channels (or the point-to-point channels for a Send/Recv). For a Send/Recv, bytes is
  * count * type size: sender and receiver derive the same number, so their slices meet on the
  * same lanes. */
-static int chooseChannels(gcommComm_t comm, int func, size_t bytes) {
+static int chooseChannels(gcommComm_t comm, int func, size_t bytes, int proto) {
   int isP2p = func == gcommFuncSend || func == gcommFuncRecv;
   size_t maxCh = (size_t)(isP2p ? comm->nP2pChannels : comm->nChannels);
   size_t nc = bytes / (4 * comm->slotBytes);
@@ -1650,7 +1651,14 @@ static int chooseChannels(gcommComm_t comm, int func, size_t bytes) {
   if (comm->device >= 0) {
     size_t few = bytes / (32 * 1024), many = bytes / (128 * 1024), most = bytes / (512 * 1024);
     nc = most > 64 ? most : many > 64 ? 64 : many > 32 ? many : few < 32 ? few : 32;
+    /* LL: a block moves ~11 GB/s of payload (half of each line is flags), so an LL operation
+     * spreads from 8 KB a channel; up to GCOMM_DEV_SMALL_WORKS of them, which one small launch
+     * carries (16 or 32 LL channels, a large launch, made 128 KB slower: docs/PERF.md) */
+    if (proto == gcommProtoLL)
+      nc = bytes / (8 * 1024) < GCOMM_DEV_SMALL_WORKS ? bytes / (8 * 1024) : GCOMM_DEV_SMALL_WORKS;
   }
+#else
+  (void)proto;
 #endif
   return nc < 1 ? 1 : nc > maxCh ? (int)maxCh : (int)nc;
 }
@@ -1658,15 +1666,17 @@ static int chooseChannels(gcommComm_t comm, int func, size_t bytes) {
 /* Host communicators always use Simple; GPU communicators the faster by the model, except between
  * nodes: LL's flags travel in the data, which the network proxy moves without a tail for them
  * (a forced GCOMM_PROTO=ll warned at init). */
-static int chooseProto(gcommComm_t comm, int func, int algo, size_t bytes, int nch) {
+static int chooseProto(gcommComm_t comm, int func, int algo, size_t bytes) {
   if (comm->device < 0 || spansNodes(comm)) return gcommProtoSimple;
   if (comm->params.proto >= 0) return comm->params.proto;
 #ifdef GCOMM_GPU
-  double simple = predictGpuUs(func, algo, gcommProtoSimple, comm->nranks, (double)bytes, nch);
-  double ll = predictGpuUs(func, algo, gcommProtoLL, comm->nranks, (double)bytes, nch);
-  if (ll < simple) return gcommProtoLL;
+  double us[gcommNumProtos];
+  for (int p = 0; p < gcommNumProtos; p++)
+    us[p] = predictGpuUs(func, algo, p, comm->nranks, (double)bytes,
+                         chooseChannels(comm, func, bytes, p));
+  if (us[gcommProtoLL] < us[gcommProtoSimple]) return gcommProtoLL;
 #else
-  (void)func, (void)algo, (void)bytes, (void)nch;
+  (void)func, (void)algo, (void)bytes;
 #endif
   return gcommProtoSimple;
 }
@@ -1679,13 +1689,13 @@ static void tuningPrint(gcommComm_t comm) {
       char line[512];
       int len = 0;
       size_t b = (size_t)bytes;
-      int algo = chooseAlgo(comm, f, b), nch = chooseChannels(comm, f, b);
-      int proto = chooseProto(comm, f, algo, b, nch);
+      int algo = chooseAlgo(comm, f, b), proto = chooseProto(comm, f, algo, b);
+      int nch = chooseChannels(comm, f, b, proto);
       for (int a = 0; a < gcommNumAlgos && len < (int)sizeof(line) - 64; a++) {
 #ifdef GCOMM_GPU
         if (comm->device >= 0) {
           for (int p = 0; p < gcommNumProtos; p++) {
-            double us = predictGpuUs(f, a, p, comm->nranks, bytes, nch);
+            double us = predictGpuUs(f, a, p, comm->nranks, bytes, chooseChannels(comm, f, b, p));
             if (us >= 0)
               len += snprintf(line + len, sizeof(line) - len, " %s/%s %.1f", algoNames[a],
                               protoNames[p], us);
@@ -1858,8 +1868,8 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
   /* the size every rank agrees on (nccl-tests' size), so that all ranks choose alike */
   size_t bytes = args->count * esz * (args->func >= gcommFuncAllGather && !isP2p ? n : 1);
   int algo = isP2p ? gcommAlgoDirect : chooseAlgo(comm, args->func, bytes);
-  int nch = chooseChannels(comm, args->func, bytes);
-  int proto = chooseProto(comm, args->func, algo, bytes, nch);
+  int proto = chooseProto(comm, args->func, algo, bytes);
+  int nch = chooseChannels(comm, args->func, bytes, proto);
   gcommOp_t* op = calloc(1, sizeof(gcommOp_t) + nch * sizeof(gcommWork_t));
   if (op == NULL) return NULL;
   *op = *args;

@@ -12,6 +12,11 @@
  * LL protocol (small messages): the slot is a header line then LL lines (gcomm_sched.h); thread 0
  * waits for the header line instead of the tail, every thread polls its own lines for the
  * step's flag, and nothing is fenced: the flags are the synchronisation.
+ *
+ * Small operations are bound by the kernel's own time, so the hot path keeps out of local
+ * memory: a launch whose works are all LL runs the LL_ONLY instantiation (Simple compiled out,
+ * the LL step inlined), and a block computes its next steps a batch at a time, a thread each
+ * (docs/PERF.md, "Where a small operation's time goes").
  */
 #include <stdint.h>
 
@@ -375,9 +380,11 @@ static __device__ __forceinline__ void llWrite(uint4* p, uint64_t data, uint32_t
   gcommGpuLlStore(p, make_uint4((uint32_t)data, flag, (uint32_t)(data >> 32), flag));
 }
 
-/* One LL step: each thread takes whole lines (8 bytes: 8 / sizeof(T) elements). */
+/* One LL step: each thread takes whole lines (8 bytes: 8 / sizeof(T) elements). Inlined, with
+ * the dispatch that leads here: a call's register saves go through local memory, and in a small
+ * operation those cost more than the data (PERF.md, "Where a small operation's time goes"). */
 template <int DT, int OP>
-static __device__ __noinline__ void llStep(const StepIo& io, const LlWait& w) {
+static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w) {
   typedef typename Dt<DT>::S T;
   constexpr int E = 8 / sizeof(T);
   union Line {
@@ -429,7 +436,7 @@ static __device__ __noinline__ void llStep(const StepIo& io, const LlWait& w) {
 
 /* The step's code for datatype and op: Simple (reduceStep) or LL (llStep). */
 template <bool LL, int DT>
-static __device__ void stepT(const StepIo& io, int op, const LlWait& w) {
+static __device__ __forceinline__ void stepT(const StepIo& io, int op, const LlWait& w) {
   switch (op) {
     case gcommProd:
       LL ? llStep<DT, gcommProd>(io, w) : reduceStep<DT, gcommProd>(io);
@@ -447,7 +454,8 @@ static __device__ void stepT(const StepIo& io, int op, const LlWait& w) {
 }
 
 template <bool LL>
-static __device__ void dataStepT(const StepIo& io, int datatype, int op, const LlWait& w) {
+static __device__ __forceinline__ void dataStepT(const StepIo& io, int datatype, int op,
+                                                 const LlWait& w) {
   switch (datatype) {
     case 0:
       stepT<LL, 0>(io, op, w);
@@ -482,12 +490,17 @@ static __device__ void dataStepT(const StepIo& io, int datatype, int op, const L
   }
 }
 
+static __device__ __forceinline__ void llDataStep(const StepIo& io, int datatype, int op,
+                                                  const LlWait& w) {
+  /* copies move raw lines: the unsigned type of the element's size */
+  int sz = gcommTypeSize(datatype);
+  if (!io.reduce && !io.div) datatype = sz == 1 ? 1 : sz == 2 ? 6 : sz == 4 ? 3 : 5;
+  dataStepT<true>(io, datatype, op, w);
+}
+
 static __device__ void dataStep(const StepIo& io, int datatype, int op, bool ll, const LlWait& w) {
   if (ll) {
-    /* copies move raw lines: the unsigned type of the element's size */
-    int sz = gcommTypeSize(datatype);
-    if (!io.reduce && !io.div) datatype = sz == 1 ? 1 : sz == 2 ? 6 : sz == 4 ? 3 : 5;
-    dataStepT<true>(io, datatype, op, w);
+    llDataStep(io, datatype, op, w);
   } else if (!io.reduce && !io.div) {
     copyStep(io, gcommTypeSize(datatype));
   } else {
@@ -566,8 +579,10 @@ struct KArgs {
   gcommDevWork_t works[W];
 };
 
-template <int W>
-__global__ void __launch_bounds__(GCOMM_DEV_THREADS)
+/* LL_ONLY: every work of the launch uses LL (small operations): the Simple code is compiled out,
+ * so the registers suffice and nothing spills to local memory. */
+template <int W, bool LL_ONLY>
+__global__ void __launch_bounds__(GCOMM_DEV_THREADS, 2)
     gcommKernel(const __grid_constant__ KArgs<W> a) {
   __shared__ const char* shIn[2];
   __shared__ char* shOut[2];
@@ -577,6 +592,10 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
    * so that thread 0 writing the next step's shFail never races a slow thread's read of this
    * step's outcome after the second barrier. */
   __shared__ volatile int shFail, shDataFail;
+  /* The next GCOMM_DEV_STEP_BATCH steps of the work, computed by as many threads at once: one
+   * thread computing each step as it comes is a few hundred dependent instructions, ~1 us a step
+   * on the critical path of a small operation (docs/PERF.md). */
+  __shared__ gcommStep_t shSteps[GCOMM_DEV_STEP_BATCH];
   /* The block's lane's connections (send to p at [p], receive from p at [n + p]) with their
    * counters (gcomm_device.h: send step, receive step, known head), in shared memory: a step then
    * reads no global memory but the FIFO counters it polls. The counters this block moved go back
@@ -614,11 +633,16 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
     if (a.times != NULL && tid == 0) a.times[2 * wi] = globalTimer();
     const size_t esz = gcommTypeSize(w.datatype);
     const gcommSched_t sched = w.sched;
-    const bool ll = w.proto == gcommProtoLL;
+    const bool ll = LL_ONLY || w.proto == gcommProtoLL;
     const size_t hdr = ll ? GCOMM_LL_LINE : 0; /* LL slots start with the header line */
     for (long s = 0; s < w.nSteps; s++) {
-      gcommStep_t st;
-      gcommSchedGetStep(&sched, s, &st);
+      if (s % GCOMM_DEV_STEP_BATCH == 0) {
+        __syncthreads(); /* every thread is done with the previous batch */
+        if (tid < GCOMM_DEV_STEP_BATCH && s + tid < w.nSteps)
+          gcommSchedGetStep(&sched, s + tid, &shSteps[tid]);
+        __syncthreads();
+      }
+      const gcommStep_t& st = shSteps[s % GCOMM_DEV_STEP_BATCH];
       size_t bytes = st.count * esz;
       if (tid == 0) {
         uint64_t t0 = 0;
@@ -697,7 +721,12 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
         io.inPeer[k] = st.recvPeer[k];
       }
       LlWait lw = {a.comm, &comm, &shDataFail, w.lane, sched.func, s};
-      if (bytes > 0) dataStep(io, w.datatype, w.redop, ll, lw);
+      if (bytes > 0) {
+        if (LL_ONLY)
+          llDataStep(io, w.datatype, w.redop, lw);
+        else
+          dataStep(io, w.datatype, w.redop, ll, lw);
+      }
       /* Simple: the barrier orders every thread's slot stores before thread 0's release store
        * of the tail (system scope, cumulative), as NCCL's one fence per post does */
       __syncthreads();
@@ -744,7 +773,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS)
   }
 }
 
-template <int W>
+template <int W, bool LL_ONLY>
 static int launch(const gcommDevLaunch_t* src, void* stream) {
   KArgs<W> k;
   k.comm = src->comm;
@@ -758,13 +787,18 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
   size_t cache = n <= GCOMM_DEV_CACHE_RANKS ? 2 * n * sizeof(gcommDevConn_t) +
                                                   2 * GCOMM_DEV_COUNTERS * n * sizeof(uint64_t)
                                             : 0;
-  gcommKernel<W><<<src->nBlocks, GCOMM_DEV_THREADS, cache, (cudaStream_t)stream>>>(k);
+  gcommKernel<W, LL_ONLY><<<src->nBlocks, GCOMM_DEV_THREADS, cache, (cudaStream_t)stream>>>(k);
   return (int)cudaGetLastError();
 }
 
 extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
-  if (args->nWorks <= GCOMM_DEV_SMALL_WORKS) return launch<GCOMM_DEV_SMALL_WORKS>(args, stream);
-  return launch<GCOMM_DEV_MAX_WORKS>(args, stream);
+  bool llOnly = true, small = args->nWorks <= GCOMM_DEV_SMALL_WORKS;
+  for (int i = 0; i < args->nWorks; i++) llOnly = llOnly && args->works[i].proto == gcommProtoLL;
+  if (small)
+    return llOnly ? launch<GCOMM_DEV_SMALL_WORKS, true>(args, stream)
+                  : launch<GCOMM_DEV_SMALL_WORKS, false>(args, stream);
+  return llOnly ? launch<GCOMM_DEV_MAX_WORKS, true>(args, stream)
+                : launch<GCOMM_DEV_MAX_WORKS, false>(args, stream);
 }
 
 /* ---- profiler: the offset between %globaltimer and the host's clock (gcommKernelTimerPing) ----

@@ -91,8 +91,13 @@ typedef struct {
 GCOMM_HD int gcommMod(int a, int n) {
   return ((a % n) + n) % n;
 }
+/* Division by the 32-bit divide when both operands fit: on a GPU the 64-bit one is a called
+ * routine, whose register saves go through local memory (slow in a kernel's steps, PERF.md). */
+GCOMM_HD size_t gcommDiv(size_t a, size_t b) {
+  return ((a | b) >> 32) ? a / b : (size_t)((uint32_t)a / (uint32_t)b);
+}
 GCOMM_HD size_t gcommDivUp(size_t a, size_t b) {
-  return (a + b - 1) / b;
+  return gcommDiv(a + b - 1, b);
 }
 GCOMM_HD size_t gcommMinSize(size_t a, size_t b) {
   return a < b ? a : b;
@@ -279,8 +284,9 @@ GCOMM_HD void gcommDirectExchange(int r, int n, long t, size_t blk, size_t R, si
 /* Step number `step` (0 <= step < gcommSchedNumSteps) of this rank. */
 GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* st) {
   int n = s->nranks, r = s->rank;
-  long per = gcommSchedStepsPerRound(s), t = step % per;
-  size_t round = (size_t)(step / per), relems = gcommSchedRoundElems(s);
+  long per = gcommSchedStepsPerRound(s);
+  size_t round = gcommDiv((size_t)step, (size_t)per), relems = gcommSchedRoundElems(s);
+  long t = step - (long)round * per;
   if (s->func == gcommFuncAllReduce && s->algo == gcommAlgoTree && n > 1) {
     /* every chunk goes up the tree before any comes down, so the chunks pipeline */
     long nChunks = (long)gcommDivUp(s->chanCount, relems);
