@@ -47,9 +47,10 @@ extern "C" {
 #define GCOMM_DEV_MAX_WORKS 128 /* works one launch carries at most (a bigger group is split) */
 /* a block keeps its lane's connections in shared memory up to this many ranks */
 #define GCOMM_DEV_CACHE_RANKS 256
-#define GCOMM_DEV_COUNTERS 3    /* per connection in `steps`: send, receive, known head */
-#define GCOMM_DEV_STEP_BATCH 32 /* steps a block computes at once, a thread each (shared memory) \
-                                 */
+#define GCOMM_DEV_COUNTERS 3 /* per connection in `steps`: send, receive, known head */
+#define GCOMM_DEV_STEP_BATCH                                          \
+  32 /* steps a block computes at once, a thread each (shared memory) \
+      */
 
 typedef struct {
   volatile uint64_t* tail;  /* recv: in this rank's memory; send: in the receiver's */

@@ -227,6 +227,7 @@ struct gcommComm {
   pthread_cond_t doneCond;
   int waiters;    /* atomic: threads sleeping on doneCond */
   int drivers;    /* atomic: threads in gcommWait running passes themselves (see gcommWait) */
+  int standby;    /* the progress thread sleeps while drivers run passes (under postLock) */
   int abortFlag;  /* atomic */
   int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
   uint64_t collSeq;
