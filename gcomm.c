@@ -1277,8 +1277,8 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
 #endif
   comm->nLanes = comm->nChannels + comm->nP2pChannels;
 #ifdef GCOMM_OFI
-  /* between nodes, slots bigger than what providers copy through bounce buffers (tcp: 128 KB)
-   * move with fewer copies and less CPU per byte (docs/PERF.md) */
+  /* between nodes, 512 KB slots: fewer messages, passes and completions per byte (each slot is
+   * one eager message, transports/net_ofi.c); 1-2 MB FIFOs were no better (docs/PERF.md) */
   if (spansNodes(comm) && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
 #endif
   comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
