@@ -1277,9 +1277,11 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
 #endif
   comm->nLanes = comm->nChannels + comm->nP2pChannels;
 #ifdef GCOMM_OFI
-  /* between nodes, 512 KB slots: fewer messages, passes and completions per byte (each slot is
-   * one eager message, transports/net_ofi.c); 1-2 MB FIFOs were no better (docs/PERF.md) */
-  if (spansNodes(comm) && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
+  /* host communicators between nodes: 256 KB slots, each one eager message (transports/
+   * net_ofi.c); against 512 KB, 4-16 MB all-reduces were 10-25% faster, 1 and 64 MB level, 128 KB
+   * no better (docs/PERF.md). GPU communicators keep their 4 MB FIFOs (above). */
+  if (spansNodes(comm) && comm->device < 0 && getenv("GCOMM_BUFFSIZE") == NULL)
+    comm->params.buffSize = 2 << 20;
 #endif
   comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
 
