@@ -48,9 +48,8 @@ extern "C" {
 /* a block keeps its lane's connections in shared memory up to this many ranks */
 #define GCOMM_DEV_CACHE_RANKS 256
 #define GCOMM_DEV_COUNTERS 3 /* per connection in `steps`: send, receive, known head */
-#define GCOMM_DEV_STEP_BATCH                                          \
-  32 /* steps a block computes at once, a thread each (shared memory) \
-      */
+/* steps a block computes at once, a thread each, into shared memory */
+#define GCOMM_DEV_STEP_BATCH 32
 
 typedef struct {
   volatile uint64_t* tail;  /* recv: in this rank's memory; send: in the receiver's */
