@@ -91,6 +91,7 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaByt
 static gcommConn_t makeConn(struct gcommShm* shm, void* seg, int senderIdx, int lane, int nLanes,
                             size_t slotBytes, int peer) {
   gcommConn_t c;
+  memset(&c, 0, sizeof(c)); /* fields for other transports (refs) stay empty */
   char* base = (char*)seg + ((size_t)senderIdx * nLanes + lane) * shm->fifoBytes;
   c.fifo = (gcommFifo_t*)base;
   c.slots = base + sizeof(gcommFifo_t);
