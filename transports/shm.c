@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gcomm_internal.h"
@@ -49,8 +50,13 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaByt
   shm->areaOff = shm->fifoBytes * comm->nLanes * comm->nLocal; /* page-aligned: so is fifoBytes */
   shm->areaBytes = (areaBytes + 4095) & ~(size_t)4095;
   shm->segBytes = shm->areaOff + shm->areaBytes + STATUS_BYTES;
-  snprintf(card->shmName, sizeof(card->shmName), "/gcomm-%d-%u-%d", (int)getpid(),
-           __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED), comm->rank);
+  /* pid, a counter and the clock: a segment left by a dead process that had this pid (killed
+   * between create and unlink; pids wrap) cannot collide with this one (CI met one such) */
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  snprintf(card->shmName, sizeof(card->shmName), "/gcomm-%d-%u-%d-%lx", (int)getpid(),
+           __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED), comm->rank,
+           (unsigned long)now.tv_sec * 1000000000ul + (unsigned long)now.tv_nsec);
   snprintf(shm->name, sizeof(shm->name), "%s", card->shmName);
   int fd = shm_open(card->shmName, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0)
