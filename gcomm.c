@@ -84,6 +84,8 @@ static const gcommParamDef_t paramTable[] = {
 #ifdef GCOMM_GPU
     {"GCOMM_P2P_DISABLE", "0", PARAM_INT, PARAM_AT(p2pDisable), NULL, 0, 1,
      "1: GPU FIFOs in pinned shared host memory instead of GPU memory shared through IPC"},
+    {"GCOMM_PDL", "1", PARAM_INT, PARAM_AT(pdl), NULL, 0, 1,
+     "0: a small GPU launch never starts before the previous one on its stream has finished"},
 #endif
 #ifdef GCOMM_OFI
     {"GCOMM_NET_DISABLE", "0", PARAM_INT, PARAM_AT(netDisable), NULL, 0, 1,
@@ -1226,6 +1228,10 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
   free(all);
   int nch = comm->nLocal > 4 ? GCOMM_MAX_CHANNELS / 2 : GCOMM_MAX_CHANNELS;
   while (nch > 1 && (nch > fewestSms || (int64_t)sharing * nch > 2 * fewestSms)) nch /= 2;
+  /* a small LL launch (up to GCOMM_DEV_SMALL_WORKS blocks at 1 an SM) waiting to start beside
+   * the one before it holds SMs: every rank sharing a GPU must still fit both */
+  comm->launchOverlap = comm->params.pdl && comm->deviceCcMajor >= 9 &&
+                        (int64_t)sharing * 2 * GCOMM_DEV_SMALL_WORKS <= fewestSms;
   *nChannels = spansNodes(comm)          ? GPU_NET_CHANNELS
                : comm->params.p2pDisable ? GPU_STAGED_CHANNELS
                                          : nch;
@@ -1830,10 +1836,10 @@ static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* wher
                funcNames[op->func], outCount, comm->rank);
 #ifdef GCOMM_GPU
   if (comm->device >= 0) {
-    if (inCount > 0 && gcommDeviceBadPointer(op->sendbuff))
+    if (inCount > 0 && gcommDeviceBadPointer(comm, op->sendbuff))
       return BAD("sendbuff %p is host memory the GPU cannot use (a GPU communicator)",
                  op->sendbuff);
-    if (outCount > 0 && gcommDeviceBadPointer(op->recvbuff))
+    if (outCount > 0 && gcommDeviceBadPointer(comm, op->recvbuff))
       return BAD("recvbuff %p is host memory the GPU cannot use (a GPU communicator)",
                  op->recvbuff);
   } else

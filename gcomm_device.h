@@ -100,6 +100,9 @@ typedef struct {
   uint64_t* times;         /* profiler: [2 * work] start and stop %globaltimer of each work, in
                               mapped host memory (device pointer), or NULL */
   int nBlocks, nWorks;
+  /* a small LL launch may start its prologue while the previous launch on the stream runs
+   * (programmatic dependent launch: gcommComm.launchOverlap) */
+  int overlap;
   uint16_t first[GCOMM_DEV_MAX_WORKS + 1];
   gcommDevWork_t works[GCOMM_DEV_MAX_WORKS];
 } gcommDevLaunch_t;
@@ -148,7 +151,7 @@ int gcommDeviceKernelsWaiting(gcommComm_t comm);
 gcommResult_t gcommDeviceQuiesce(gcommComm_t comm);
 void gcommDeviceFree(gcommComm_t comm);
 /* checkArgs: a pointer the GPU cannot use (plain pageable host memory). */
-int gcommDeviceBadPointer(const void* ptr);
+int gcommDeviceBadPointer(gcommComm_t comm, const void* ptr);
 /* Profiler (p2p.c's profiler section): kernel timestamps for KernelCh events, the GPU clock's
  * offset to the host's; warns and leaves them off on failure. */
 void gcommDeviceProfSetup(gcommComm_t comm);

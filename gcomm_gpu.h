@@ -47,6 +47,7 @@
 #define cudaDeviceCanAccessPeer hipDeviceCanAccessPeer
 #define cudaDeviceGetAttribute hipDeviceGetAttribute
 #define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define cudaDevAttrComputeCapabilityMajor hipDeviceAttributeComputeCapabilityMajor
 #define cudaDevAttrPciDomainId hipDeviceAttributePciDomainID
 #define cudaDevAttrPciBusId hipDeviceAttributePciBusId
 #define cudaDevAttrPciDeviceId hipDeviceAttributePciDeviceId
@@ -104,8 +105,10 @@
  * the CUDA-like .type and hipMemoryTypeUnregistered. */
 #if HIP_VERSION_MAJOR >= 6
 #define gcommGpuPtrUnregistered(at) ((at).type == hipMemoryTypeUnregistered)
+#define gcommGpuPtrDevice(at) ((at).type == hipMemoryTypeDevice)
 #else
 #define gcommGpuPtrUnregistered(at) ((void)(at), 0)
+#define gcommGpuPtrDevice(at) ((at).memoryType == hipMemoryTypeDevice)
 #endif
 
 #if defined(__HIPCC__)
@@ -161,6 +164,9 @@ static __device__ __forceinline__ float gcommGpuHalfToF(uint16_t h) {
 static __device__ __forceinline__ uint16_t gcommGpuFToHalf(float f) {
   return __half_as_ushort(__float2half_rn(f));
 }
+/* no programmatic dependent launch on ROCm: launches never overlap */
+static __device__ __forceinline__ void gcommGpuGridWait() {}
+static __device__ __forceinline__ void gcommGpuLaunchDependents() {}
 /* HIP 5.2 has no __hip_bfloat16 intrinsics: gcomm_reduce.h's conversions (round to nearest even) */
 static __device__ __forceinline__ float gcommGpuBf16ToF(uint16_t h) {
   return gcommBf16ToFloat(h);
@@ -182,6 +188,7 @@ static __device__ __forceinline__ uint16_t gcommGpuFToBf16(float f) {
 
 #define gcommGpuMallocFifo(p, n) cudaMalloc((p), (n))
 #define gcommGpuPtrUnregistered(at) ((at).type == cudaMemoryTypeUnregistered)
+#define gcommGpuPtrDevice(at) ((at).type == cudaMemoryTypeDevice)
 
 #if defined(__CUDACC__)
 static __device__ __forceinline__ uint64_t gcommGpuLdAcquire(volatile uint64_t* p) {
@@ -216,6 +223,19 @@ static __device__ __forceinline__ void gcommGpuLlStore(uint4* p, uint4 v) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y),
                "r"(v.z), "r"(v.w)
                : "memory");
+}
+/* Programmatic dependent launch (sm_90): gridWait returns once the grid before this one on the
+ * stream has finished and its memory is visible (at once when this launch did not ask to overlap
+ * it); launchDependents lets the next launch, if it asked to, start its own prologue now. */
+static __device__ __forceinline__ void gcommGpuGridWait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void gcommGpuLaunchDependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 static __device__ __forceinline__ float gcommGpuHalfToF(uint16_t h) {
   return __half2float(__ushort_as_half(h));

@@ -68,6 +68,7 @@ typedef struct {
   int64_t timeoutMs;     /* GCOMM_TIMEOUT_MS */
   int64_t checkMismatch; /* GCOMM_CHECK_MISMATCH */
   int64_t p2pDisable;    /* GCOMM_P2P_DISABLE (GPU builds) */
+  int64_t pdl;           /* GCOMM_PDL (GPU builds) */
   const char* hostId;    /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
   int64_t netDisable;       /* GCOMM_NET_DISABLE */
@@ -192,7 +193,11 @@ struct gcommComm {
   unsigned int magic;
   MPI_Comm mpiComm;
   int rank, nranks, device;
-  int deviceSMs;      /* GPU communicators: the GPU's multiprocessors */
+  int deviceSMs;     /* GPU communicators: the GPU's multiprocessors */
+  int deviceCcMajor; /* GPU communicators: compute capability (major) */
+  /* GPU communicators: a small launch may start while the previous one on its stream ends
+   * (GCOMM_PDL, and every rank sharing a GPU can have two small launches resident at once) */
+  int launchOverlap;
   uint64_t devicePci; /* GPU communicators: the GPU's PCI domain, bus and device */
   int nLocal;         /* ranks on this node */
   gcommCard_t* cards; /* every rank's card */

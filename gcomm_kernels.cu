@@ -580,17 +580,14 @@ struct KArgs {
 };
 
 /* LL_ONLY: every work of the launch uses LL (small operations): the Simple code is compiled out,
- * so the registers suffice and nothing spills to local memory. */
+ * so nothing spills to local memory. Blocks per SM: the channel rule (gpuDefaultChannels) counts
+ * on 2 blocks of every rank sharing a GPU being resident at once, which caps registers at 64; a
+ * small LL launch has at most GCOMM_DEV_SMALL_WORKS blocks, which fit at one an SM. */
 template <int W, bool LL_ONLY>
-__global__ void __launch_bounds__(GCOMM_DEV_THREADS, 2)
+__global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SMALL_WORKS ? 1 : 2)
     gcommKernel(const __grid_constant__ KArgs<W> a) {
-  __shared__ const char* shIn[2];
-  __shared__ char* shOut[2];
-  __shared__ uint32_t shFlagIn[2], shFlagOut[2];
-  /* shFail: thread 0's wait failed (written before the step's first barrier, read after it);
-   * shDataFail: an LL wait of any thread failed (only ever set, then the block returns). Two flags,
-   * so that thread 0 writing the next step's shFail never races a slow thread's read of this
-   * step's outcome after the second barrier. */
+  /* shFail: thread 0's wait failed (written before a barrier, read after it); shDataFail: a wait
+   * of any thread during the data phase failed (only ever set, then the block returns). */
   __shared__ volatile int shFail, shDataFail;
   /* The next GCOMM_DEV_STEP_BATCH steps of the work, computed by as many threads at once: one
    * thread computing each step as it comes is a few hundred dependent instructions, ~1 us a step
@@ -603,6 +600,8 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, 2)
    * counters: those are left alone). */
   extern __shared__ char shCache[];
   const int tid = threadIdx.x;
+  /* the thread that writes and checks LL header lines: the last, idle in a small step */
+  const int hdrTid = blockDim.x - 1;
   const gcommDevComm_t& comm = a.hostCopy; /* kernel parameters: no global load */
   if (tid == 0) shFail = shDataFail = 0;
   const int n = comm.nranks;
@@ -611,20 +610,35 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, 2)
   gcommDevConn_t* sendC = comm.send + lane0 * n;
   gcommDevConn_t* recvC = comm.recv + lane0 * n;
   uint64_t* knownHead = NULL; /* [peer], cached blocks only */
-  constexpr int NC = GCOMM_DEV_COUNTERS;
+  constexpr int NC = GCOMM_DEV_COUNTERS, NB = GCOMM_DEV_STEP_BATCH;
+  /* the first work's first batch, by the last threads, while the first ones fill the cache */
+  const int batchTid = tid - (int)(blockDim.x - NB);
+  {
+    const gcommDevWork_t& w = a.works[a.first[blockIdx.x]];
+    if (batchTid >= 0 && batchTid < w.nSteps)
+      gcommSchedGetStep(&w.sched, batchTid, &shSteps[batchTid]);
+  }
+  gcommDevConn_t* conns = (gcommDevConn_t*)shCache;
+  uint64_t* vals = (uint64_t*)(conns + 2 * n); /* [NC n] counters, then [NC n] their start */
   if (cached) {
-    gcommDevConn_t* conns = (gcommDevConn_t*)shCache;
-    uint64_t* vals = (uint64_t*)(conns + 2 * n); /* [NC n] counters, then [NC n] their start */
-    const size_t nc = (size_t)comm.nLanes * n;
-    for (int i = tid; i < NC * n; i += blockDim.x) /* independent loads: one round trip */
-      vals[i] = vals[NC * n + i] = comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n];
-    for (int i = tid; i < 2 * n; i += blockDim.x) {
+    for (int i = tid; i < 2 * n; i += blockDim.x) { /* set up at init: no launch writes them */
       conns[i] = i < n ? sendC[i] : recvC[i - n];
       conns[i].step = vals + i;
     }
     sendC = conns;
     recvC = conns + n;
     knownHead = vals + 2 * n;
+  }
+  /* Everything above reads only this launch's parameters and what init wrote; from here on the
+   * memory the previous launch on the stream wrote (counters, user buffers). A small LL launch
+   * then lets the next one start its own prologue: at most two are resident (the rule that sets
+   * gcommComm.launchOverlap counts on it). */
+  gcommGpuGridWait();
+  if (LL_ONLY && W <= GCOMM_DEV_SMALL_WORKS) gcommGpuLaunchDependents();
+  if (cached) {
+    const size_t nc = (size_t)comm.nLanes * n;
+    for (int i = tid; i < NC * n; i += blockDim.x) /* independent loads: one round trip */
+      vals[i] = vals[NC * n + i] = comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n];
   }
   __syncthreads();
   for (int wi = a.first[blockIdx.x]; wi < a.first[blockIdx.x + 1]; wi++) {
@@ -636,89 +650,117 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, 2)
     const bool ll = LL_ONLY || w.proto == gcommProtoLL;
     const size_t hdr = ll ? GCOMM_LL_LINE : 0; /* LL slots start with the header line */
     for (long s = 0; s < w.nSteps; s++) {
-      if (s % GCOMM_DEV_STEP_BATCH == 0) {
+      if (s % NB == 0 && (s > 0 || wi > a.first[blockIdx.x])) {
         __syncthreads(); /* every thread is done with the previous batch */
-        if (tid < GCOMM_DEV_STEP_BATCH && s + tid < w.nSteps)
-          gcommSchedGetStep(&sched, s + tid, &shSteps[tid]);
+        if (batchTid >= 0 && s + batchTid < w.nSteps)
+          gcommSchedGetStep(&sched, s + batchTid, &shSteps[batchTid]);
         __syncthreads();
       }
-      const gcommStep_t& st = shSteps[s % GCOMM_DEV_STEP_BATCH];
-      size_t bytes = st.count * esz;
-      if (tid == 0) {
-        uint64_t t0 = 0;
-        int err = 0;
-        for (int k = 0; k < 2 && !err; k++) {
-          shIn[k] = NULL;
-          shOut[k] = NULL;
-          int p = st.recvPeer[k];
-          if (p >= 0) {
+      const gcommStep_t& st = shSteps[s % NB];
+      const size_t bytes = st.count * esz;
+      const uint64_t word = GCOMM_SLOT_WORD(w.tag, bytes);
+      /* ---- where the step's data is: the FIFO counters. Every thread moves its step's
+       * counters after the step's last barrier, each to the same value, so that a thread already
+       * in the next step reads its own store or an equal one: a step needs that one barrier
+       * unless thread 0 must wait for something before the data moves. ---- */
+      uint64_t recvStep[2] = {0, 0}, sendStep[2] = {0, 0};
+      bool wait = false;
+      for (int k = 0; k < 2; k++) {
+        int p = st.recvPeer[k];
+        if (p >= 0) {
+          recvStep[k] = *recvC[p].step;
+          wait |= !ll; /* LL: every thread polls its lines' flags */
+        }
+        p = st.sendPeer[k];
+        if (p >= 0) {
+          sendStep[k] = *sendC[p].step;
+          /* the slot is free once the receiver's head passed need; knownHead moves only after
+           * a barrier, so every thread takes the same branch here */
+          uint64_t need = sendStep[k] + 1 - GCOMM_STEPS;
+          wait |= sendStep[k] >= GCOMM_STEPS && !(knownHead && knownHead[p] >= need);
+        }
+      }
+      if (wait) {
+        uint64_t seen[2] = {0, 0};
+        if (tid == 0) {
+          uint64_t t0 = 0;
+          int err = 0;
+          for (int k = 0; k < 2 && !err; k++) {
+            int p = st.recvPeer[k];
+            if (p < 0 || ll) continue;
             const gcommDevConn_t& c = recvC[p];
-            uint64_t step = *c.step, got = 0;
-            char* slot = ll ? c.llSlots + (step % GCOMM_STEPS) * GCOMM_LL_SLOT_BYTES
-                            : c.slots + (step % GCOMM_STEPS) * comm.slotBytes;
-            if (ll)
-              err = waitLlHeader(&comm, (const uint4*)slot, (uint32_t)(step + 1), &t0, &got);
-            else
-              err = waitFor<true>(&comm, c.tail, step + 1, &t0);
+            err = waitFor<true>(&comm, c.tail, recvStep[k] + 1, &t0);
             if (err) {
               recordError(a.comm, &comm, err, p, w.lane, 1, sched.func, s, 0, 0);
               break;
             }
-            if (!ll) got = c.bytes[step % GCOMM_STEPS];
-            if (got != GCOMM_SLOT_WORD(w.tag, bytes)) { /* a different call (or count) */
+            uint64_t got = c.bytes[recvStep[k] % GCOMM_STEPS];
+            if (got != word) { /* a different call (or count) */
               err = gcommInvalidUsage;
-              recordError(a.comm, &comm, err, p, w.lane, 1, sched.func, s, got,
-                          GCOMM_SLOT_WORD(w.tag, bytes));
-              break;
+              recordError(a.comm, &comm, err, p, w.lane, 1, sched.func, s, got, word);
             }
-            shIn[k] = slot + hdr;
-            shFlagIn[k] = (uint32_t)(step + 1);
           }
-        }
-        for (int k = 0; k < 2 && !err; k++) {
-          int p = st.sendPeer[k];
-          if (p >= 0) {
-            const gcommDevConn_t& c = sendC[p];
-            uint64_t step = *c.step;
-            uint64_t need = step + 1 - GCOMM_STEPS;
-            if (step >= GCOMM_STEPS && !(knownHead && knownHead[p] >= need))
-              err = waitFor<false>(&comm, c.head, need, &t0, knownHead ? &knownHead[p] : NULL);
-            if (err) {
-              recordError(a.comm, &comm, err, p, w.lane, 0, sched.func, s, 0, 0);
-              break;
-            }
-            char* slot = ll ? c.llSlots + (step % GCOMM_STEPS) * GCOMM_LL_SLOT_BYTES
-                            : c.slots + (step % GCOMM_STEPS) * comm.slotBytes;
-            shOut[k] = slot + hdr;
-            shFlagOut[k] = (uint32_t)(step + 1);
-            if (ll)
-              llWrite((uint4*)slot, GCOMM_SLOT_WORD(w.tag, bytes),
-                      shFlagOut[k]); /* the header line */
+          for (int k = 0; k < 2 && !err; k++) {
+            int p = st.sendPeer[k];
+            if (p < 0 || sendStep[k] < GCOMM_STEPS) continue;
+            err =
+                waitFor<false>(&comm, sendC[p].head, sendStep[k] + 1 - GCOMM_STEPS, &t0, &seen[k]);
+            if (err) recordError(a.comm, &comm, err, p, w.lane, 0, sched.func, s, 0, 0);
           }
+          shFail = err;
         }
-        shFail = err;
+        __syncthreads();
+        if (shFail) return;
+        if (tid == 0 && knownHead) /* after the barrier: see the branch above */
+          for (int k = 0; k < 2; k++)
+            if (seen[k] > 0) knownHead[st.sendPeer[k]] = seen[k];
       }
-      __syncthreads();
-      if (shFail) return;
+      /* ---- the data ---- */
       StepIo io;
       const char* in = st.src == GCOMM_BUF_IN    ? (const char*)w.sendbuff
                        : st.src == GCOMM_BUF_OUT ? (const char*)w.recvbuff
                                                  : NULL;
       char* out = st.dst == GCOMM_BUF_OUT ? (char*)w.recvbuff : NULL;
       io.src = in ? in + st.srcOff * esz : NULL;
-      io.in[0] = shIn[0];
-      io.in[1] = shIn[1];
       io.out[0] = out ? out + st.dstOff * esz : NULL;
-      io.out[1] = shOut[0];
-      io.out[2] = shOut[1];
+      for (int k = 0; k < 2; k++) {
+        io.in[k] = NULL;
+        io.out[k + 1] = NULL;
+        io.inPeer[k] = st.recvPeer[k];
+        io.flagIn[k] = (uint32_t)(recvStep[k] + 1);
+        io.flagOut[k] = (uint32_t)(sendStep[k] + 1);
+        if (st.recvPeer[k] >= 0) {
+          const gcommDevConn_t& c = recvC[st.recvPeer[k]];
+          size_t slot = recvStep[k] % GCOMM_STEPS;
+          io.in[k] =
+              ll ? c.llSlots + slot * GCOMM_LL_SLOT_BYTES + hdr : c.slots + slot * comm.slotBytes;
+        }
+        if (st.sendPeer[k] >= 0) {
+          const gcommDevConn_t& c = sendC[st.sendPeer[k]];
+          size_t slot = sendStep[k] % GCOMM_STEPS;
+          io.out[k + 1] =
+              ll ? c.llSlots + slot * GCOMM_LL_SLOT_BYTES + hdr : c.slots + slot * comm.slotBytes;
+        }
+      }
       io.reduce = st.reduce && io.in[0] != NULL;
       io.div = st.postOp && w.redop == gcommAvg;
       io.nranks = n;
       io.count = st.count;
-      for (int k = 0; k < 2; k++) {
-        io.flagIn[k] = shFlagIn[k];
-        io.flagOut[k] = shFlagOut[k];
-        io.inPeer[k] = st.recvPeer[k];
+      if (ll && tid == hdrTid) { /* the header lines: the payload size, the mismatch check */
+        for (int k = 0; k < 2; k++)
+          if (io.out[k + 1]) llWrite((uint4*)(io.out[k + 1] - hdr), word, io.flagOut[k]);
+        uint64_t t0 = 0;
+        for (int k = 0; k < 2 && !shDataFail; k++) {
+          if (!io.in[k]) continue;
+          uint64_t got = 0;
+          int err = waitLlHeader(&comm, (const uint4*)(io.in[k] - hdr), io.flagIn[k], &t0, &got);
+          if (!err && got != word) err = gcommInvalidUsage;
+          if (err) { /* threads that wait for lines a mismatched peer never sends see it too */
+            recordError(a.comm, &comm, err, st.recvPeer[k], w.lane, 1, sched.func, s,
+                        err == gcommInvalidUsage ? got : 0, err == gcommInvalidUsage ? word : 0);
+            shDataFail = err;
+          }
+        }
       }
       LlWait lw = {a.comm, &comm, &shDataFail, w.lane, sched.func, s};
       if (bytes > 0) {
@@ -731,30 +773,26 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, 2)
        * of the tail (system scope, cumulative), as NCCL's one fence per post does */
       __syncthreads();
       if (shDataFail) return;
-      if (tid == 0) {
-        for (int k = 0; k < 2; k++) {
-          if (st.sendPeer[k] >= 0) {
-            const gcommDevConn_t& c = sendC[st.sendPeer[k]];
-            uint64_t step = *c.step;
+      for (int k = 0; k < 2; k++) {
+        if (st.sendPeer[k] >= 0) {
+          const gcommDevConn_t& c = sendC[st.sendPeer[k]];
+          if (tid == 0) {
             if (ll) { /* the flags carried the data; the tail only keeps count */
-              *c.tail = step + 1;
+              *c.tail = sendStep[k] + 1;
             } else {
-              c.bytes[step % GCOMM_STEPS] = GCOMM_SLOT_WORD(w.tag, bytes);
-              stRelease(c.tail, step + 1);
+              c.bytes[sendStep[k] % GCOMM_STEPS] = word;
+              stRelease(c.tail, sendStep[k] + 1);
             }
-            *c.step = step + 1;
           }
-          if (st.recvPeer[k] >= 0) {
-            const gcommDevConn_t& c = recvC[st.recvPeer[k]];
-            uint64_t step = *c.step;
-            /* relaxed: this block's reads of the slot are done (their values are used) */
-            *c.head = step + 1;
-            *c.step = step + 1;
-          }
+          *c.step = sendStep[k] + 1;
+        }
+        if (st.recvPeer[k] >= 0) {
+          const gcommDevConn_t& c = recvC[st.recvPeer[k]];
+          /* relaxed: this block's reads of the slot are done (their values are used) */
+          if (tid == 0) *c.head = recvStep[k] + 1;
+          *c.step = recvStep[k] + 1;
         }
       }
-      /* shIn/shOut are rewritten by thread 0 only after the next step's first barrier... which
-       * every thread reaches only after reading them here: safe. */
     }
     /* ---- profiler: the work's stop, after its start (the host reads stop != 0 as done) ---- */
     if (a.times != NULL && tid == 0) {
@@ -787,6 +825,21 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
   size_t cache = n <= GCOMM_DEV_CACHE_RANKS ? 2 * n * sizeof(gcommDevConn_t) +
                                                   2 * GCOMM_DEV_COUNTERS * n * sizeof(uint64_t)
                                             : 0;
+#ifndef GCOMM_HIP
+  if (LL_ONLY && W <= GCOMM_DEV_SMALL_WORKS && src->overlap) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(src->nBlocks);
+    cfg.blockDim = dim3(GCOMM_DEV_THREADS);
+    cfg.dynamicSmemBytes = cache;
+    cfg.stream = (cudaStream_t)stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return (int)cudaLaunchKernelEx(&cfg, gcommKernel<W, LL_ONLY>, k);
+  }
+#endif
   gcommKernel<W, LL_ONLY><<<src->nBlocks, GCOMM_DEV_THREADS, cache, (cudaStream_t)stream>>>(k);
   return (int)cudaGetLastError();
 }

@@ -33,6 +33,7 @@ typedef struct {
   cudaEvent_t done;
 } launchMark_t;
 
+#define GPU_POINTERS_KNOWN 8
 struct gcommDev {
   int staged;        /* the regions are in pinned shared host memory, not GPU memory */
   char* region;      /* this rank's region as its kernels address it (cudaMalloc, or registered) */
@@ -59,6 +60,9 @@ struct gcommDev {
 
   /* the profiler's kernel timestamps (section at the end), or NULL */
   struct gcommDevProf* prof;
+  /* gcommDeviceBadPointer: the latest buffers found in GPU memory */
+  const void* knownPointers[GPU_POINTERS_KNOWN];
+  unsigned knownNext;
 };
 
 /* the profiler section, at the end */
@@ -91,6 +95,8 @@ gcommResult_t gcommDeviceSelect(gcommComm_t comm, const gcommConfig_t* config) {
   comm->device = want;
   CUDA_CHECK(comm, -1,
              cudaDeviceGetAttribute(&comm->deviceSMs, cudaDevAttrMultiProcessorCount, want));
+  CUDA_CHECK(comm, -1,
+             cudaDeviceGetAttribute(&comm->deviceCcMajor, cudaDevAttrComputeCapabilityMajor, want));
   /* the GPU's PCI address: ranks of a node that share a GPU have the same */
   int domain = 0, bus = 0, dev = 0;
   CUDA_CHECK(comm, -1, cudaDeviceGetAttribute(&domain, cudaDevAttrPciDomainId, want));
@@ -416,6 +422,7 @@ static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* st
   a->comm = d->devComm;
   a->hostCopy = d->host;
   a->first[a->nBlocks] = (uint16_t)a->nWorks;
+  a->overlap = comm->launchOverlap;
   a->times = d->prof && GCOMM_PROF_ON(comm, gcommProfileKernelCh) ? profTake(comm, a) : NULL;
   if (d->netFifos != NULL) *hostWaiting(d) = 1; /* the network is about to be needed */
   int e = gcommKernelLaunch(a, stream);
@@ -582,13 +589,21 @@ void gcommDeviceAbort(gcommComm_t comm) {
   }
 }
 
-int gcommDeviceBadPointer(const void* ptr) {
+int gcommDeviceBadPointer(gcommComm_t comm, const void* ptr) {
+  struct gcommDev* d = comm->dev;
   struct cudaPointerAttributes at;
   if (ptr == NULL) return 0;
+  /* Buffers are mostly used again and again, and the query costs a good part of a small
+   * operation's host time. Only GPU memory is remembered: its addresses come from the driver's
+   * own range, so one that was GPU memory never becomes pageable host memory (pinned host memory,
+   * once freed, could). */
+  for (int i = 0; i < GPU_POINTERS_KNOWN; i++)
+    if (d->knownPointers[i] == ptr) return 0;
   if (cudaPointerGetAttributes(&at, ptr) != cudaSuccess) {
     cudaGetLastError();
     return 1;
   }
+  if (gcommGpuPtrDevice(at)) d->knownPointers[d->knownNext++ % GPU_POINTERS_KNOWN] = ptr;
   return gcommGpuPtrUnregistered(at);
 }
 
