@@ -60,6 +60,8 @@ struct gcommDev {
 
   /* the profiler's kernel timestamps (section at the end), or NULL */
   struct gcommDevProf* prof;
+  const gcommWork_t** order; /* gcommDeviceLaunch: the works of a launch by queue */
+  int orderCap;
   /* gcommDeviceBadPointer: the latest buffers found in GPU memory */
   const void* knownPointers[GPU_POINTERS_KNOWN];
   unsigned knownNext;
@@ -432,51 +434,67 @@ static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* st
   return markLaunch(comm, (cudaStream_t)stream);
 }
 
+/* The works of ops, a queue at a time (posting order inside a queue): one block per queue. A
+ * single operation's works are in queue order already; a group's are sorted (stable). */
+static gcommResult_t orderWorks(gcommComm_t comm, gcommOp_t* ops, int n, int* nWorks) {
+  struct gcommDev* d = comm->dev;
+  int total = 0;
+  gcommOp_t* op = ops;
+  for (int i = 0; i < n && op; i++, op = op->next) total += op->nWorks;
+  if (total > d->orderCap) {
+    const gcommWork_t** o = realloc(d->order, total * sizeof(*o));
+    if (o == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+    d->order = o;
+    d->orderCap = total;
+  }
+  int k = 0;
+  op = ops;
+  for (int i = 0; i < n && op; i++, op = op->next)
+    for (int w = 0; w < op->nWorks; w++) {
+      const gcommWork_t* wk = &op->works[w];
+      int j = k++;
+      for (; j > 0 && d->order[j - 1]->queue > wk->queue; j--) d->order[j] = d->order[j - 1];
+      d->order[j] = wk;
+    }
+  *nWorks = total;
+  return gcommSuccess;
+}
+
 gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
   struct gcommDev* d = comm->dev;
   gcommDevLaunch_t* a = d->args;
+  int total = 0;
+  GCOMM_CHECK(orderWorks(comm, ops, n, &total));
   gcommResult_t res = gcommSuccess;
   WITH_DEVICE(comm, old);
   a->nBlocks = a->nWorks = 0;
-  /* works grouped by queue, in posting order inside a queue: one block per queue */
-  int nQueues = comm->nQueues;
-  int i = 0;
-  for (int q = 0; q < nQueues && res == gcommSuccess; q++) {
-    int opened = 0;
-    gcommOp_t* op = ops;
-    for (i = 0; i < n && op; i++, op = op->next) {
-      for (int w = 0; w < op->nWorks; w++) {
-        const gcommWork_t* wk = &op->works[w];
-        if (wk->queue != q) continue;
-        if (a->nWorks == GCOMM_DEV_MAX_WORKS || (!opened && a->nBlocks == GCOMM_DEV_MAX_WORKS)) {
-          /* too many for one launch: launch what we have; queues stay ordered on the stream */
-          GCOMM_WARN(comm,
-                     "a group of more than %d works is split into several launches: "
-                     "point-to-point inside it may deadlock",
-                     GCOMM_DEV_MAX_WORKS);
-          res = launchBatch(comm, a, stream);
-          if (res != gcommSuccess) break;
-          a->nBlocks = a->nWorks = 0;
-          opened = 0;
-        }
-        if (!opened) {
-          a->first[a->nBlocks++] = (uint16_t)a->nWorks;
-          opened = 1;
-        }
-        gcommDevWork_t* dw = &a->works[a->nWorks++];
-        if (d->prof) profStage(d->prof, a->nWorks - 1, op->profHandle);
-        dw->sched = wk->sched;
-        dw->sendbuff = op->sendbuff;
-        dw->recvbuff = op->recvbuff;
-        dw->nSteps = wk->nSteps;
-        dw->datatype = op->datatype;
-        dw->redop = op->redop;
-        dw->lane = wk->lane;
-        dw->proto = op->proto;
-        dw->tag = op->tag;
-      }
+  for (int k = 0; k < total && res == gcommSuccess; k++) {
+    const gcommWork_t* wk = d->order[k];
+    const gcommOp_t* op = wk->op;
+    int opened = k > 0 && d->order[k - 1]->queue == wk->queue && a->nWorks > 0;
+    if (a->nWorks == GCOMM_DEV_MAX_WORKS || (!opened && a->nBlocks == GCOMM_DEV_MAX_WORKS)) {
+      /* too many for one launch: launch what we have; queues stay ordered on the stream */
+      GCOMM_WARN(comm,
+                 "a group of more than %d works is split into several launches: "
+                 "point-to-point inside it may deadlock",
+                 GCOMM_DEV_MAX_WORKS);
+      res = launchBatch(comm, a, stream);
       if (res != gcommSuccess) break;
+      a->nBlocks = a->nWorks = 0;
+      opened = 0;
     }
+    if (!opened) a->first[a->nBlocks++] = (uint16_t)a->nWorks;
+    gcommDevWork_t* dw = &a->works[a->nWorks++];
+    if (d->prof) profStage(d->prof, a->nWorks - 1, op->profHandle);
+    dw->sched = wk->sched;
+    dw->sendbuff = op->sendbuff;
+    dw->recvbuff = op->recvbuff;
+    dw->nSteps = wk->nSteps;
+    dw->datatype = op->datatype;
+    dw->redop = op->redop;
+    dw->lane = wk->lane;
+    dw->proto = op->proto;
+    dw->tag = op->tag;
   }
   if (res == gcommSuccess) res = launchBatch(comm, a, stream);
   RESTORE_DEVICE(comm, old);
@@ -702,6 +720,7 @@ void gcommDeviceFree(gcommComm_t comm) {
   free(d->marks);
   free(d->peerRegion);
   free(d->args);
+  free(d->order);
   free(d);
   comm->dev = NULL;
 }
