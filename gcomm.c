@@ -1228,8 +1228,10 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
   free(all);
   int nch = comm->nLocal > 4 ? GCOMM_MAX_CHANNELS / 2 : GCOMM_MAX_CHANNELS;
   while (nch > 1 && (nch > fewestSms || (int64_t)sharing * nch > 2 * fewestSms)) nch /= 2;
-  /* a small LL launch (up to GCOMM_DEV_SMALL_WORKS blocks at 1 an SM) waiting to start beside
-   * the one before it holds SMs: every rank sharing a GPU must still fit both */
+  /* a small LL launch runs up to GCOMM_DEV_SMALL_WORKS blocks at 1 an SM (blocks of ranks sharing
+   * a GPU wait on each other: all must be resident); one waiting to start beside the one before
+   * it holds SMs too: every rank sharing a GPU must still fit both */
+  comm->smallKernel = (int64_t)sharing * GCOMM_DEV_SMALL_WORKS <= fewestSms;
   comm->launchOverlap = comm->params.pdl && comm->deviceCcMajor >= 9 &&
                         (int64_t)sharing * 2 * GCOMM_DEV_SMALL_WORKS <= fewestSms;
   *nChannels = spansNodes(comm)          ? GPU_NET_CHANNELS

@@ -100,9 +100,10 @@ typedef struct {
   uint64_t* times;         /* profiler: [2 * work] start and stop %globaltimer of each work, in
                               mapped host memory (device pointer), or NULL */
   int nBlocks, nWorks;
-  /* a small LL launch may start its prologue while the previous launch on the stream runs
-   * (programmatic dependent launch: gcommComm.launchOverlap) */
-  int overlap;
+  /* a small LL launch may run the kernel of 1 block an SM (gcommComm.smallKernel), and start its
+   * prologue while the previous launch on the stream runs (programmatic dependent launch:
+   * gcommComm.launchOverlap) */
+  int smallKernel, overlap;
   uint16_t first[GCOMM_DEV_MAX_WORKS + 1];
   gcommDevWork_t works[GCOMM_DEV_MAX_WORKS];
 } gcommDevLaunch_t;

@@ -195,9 +195,10 @@ struct gcommComm {
   int rank, nranks, device;
   int deviceSMs;     /* GPU communicators: the GPU's multiprocessors */
   int deviceCcMajor; /* GPU communicators: compute capability (major) */
-  /* GPU communicators: a small launch may start while the previous one on its stream ends
-   * (GCOMM_PDL, and every rank sharing a GPU can have two small launches resident at once) */
-  int launchOverlap;
+  /* GPU communicators: small LL launches run the kernel of 1 block an SM (every rank sharing a
+   * GPU has room for one at once), and may start while the previous one on their stream ends
+   * (GCOMM_PDL, and there is room for two) */
+  int smallKernel, launchOverlap;
   uint64_t devicePci; /* GPU communicators: the GPU's PCI domain, bus and device */
   int nLocal;         /* ranks on this node */
   gcommCard_t* cards; /* every rank's card */

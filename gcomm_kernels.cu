@@ -582,7 +582,8 @@ struct KArgs {
 /* LL_ONLY: every work of the launch uses LL (small operations): the Simple code is compiled out,
  * so nothing spills to local memory. Blocks per SM: the channel rule (gpuDefaultChannels) counts
  * on 2 blocks of every rank sharing a GPU being resident at once, which caps registers at 64; a
- * small LL launch has at most GCOMM_DEV_SMALL_WORKS blocks, which fit at one an SM. */
+ * small LL launch has at most GCOMM_DEV_SMALL_WORKS blocks, which fit at one an SM (unless many
+ * ranks share the GPU: gcommComm.smallKernel). */
 template <int W, bool LL_ONLY>
 __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SMALL_WORKS ? 1 : 2)
     gcommKernel(const __grid_constant__ KArgs<W> a) {
@@ -847,11 +848,13 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
 extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
   bool llOnly = true, small = args->nWorks <= GCOMM_DEV_SMALL_WORKS;
   for (int i = 0; i < args->nWorks; i++) llOnly = llOnly && args->works[i].proto == gcommProtoLL;
-  if (small)
-    return llOnly ? launch<GCOMM_DEV_SMALL_WORKS, true>(args, stream)
-                  : launch<GCOMM_DEV_SMALL_WORKS, false>(args, stream);
-  return llOnly ? launch<GCOMM_DEV_MAX_WORKS, true>(args, stream)
-                : launch<GCOMM_DEV_MAX_WORKS, false>(args, stream);
+  /* the small LL kernel runs 1 block an SM: with too many ranks on this GPU for that, the large
+   * one (2 an SM) */
+  if (llOnly)
+    return small && args->smallKernel ? launch<GCOMM_DEV_SMALL_WORKS, true>(args, stream)
+                                      : launch<GCOMM_DEV_MAX_WORKS, true>(args, stream);
+  return small ? launch<GCOMM_DEV_SMALL_WORKS, false>(args, stream)
+               : launch<GCOMM_DEV_MAX_WORKS, false>(args, stream);
 }
 
 /* ---- profiler: the offset between %globaltimer and the host's clock (gcommKernelTimerPing) ----

@@ -424,6 +424,7 @@ static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* st
   a->comm = d->devComm;
   a->hostCopy = d->host;
   a->first[a->nBlocks] = (uint16_t)a->nWorks;
+  a->smallKernel = comm->smallKernel;
   a->overlap = comm->launchOverlap;
   a->times = d->prof && GCOMM_PROF_ON(comm, gcommProfileKernelCh) ? profTake(comm, a) : NULL;
   if (d->netFifos != NULL) *hostWaiting(d) = 1; /* the network is about to be needed */
