@@ -1669,8 +1669,12 @@ static int chooseChannels(gcommComm_t comm, int func, size_t bytes, int proto) {
     /* LL: a block moves ~11 GB/s of payload (half of each line is flags), so an LL operation
      * spreads from 8 KB a channel; up to GCOMM_DEV_SMALL_WORKS of them, which one small launch
      * carries (16 or 32 LL channels, a large launch, made 128 KB slower: docs/PERF.md) */
-    if (proto == gcommProtoLL)
-      nc = bytes / (8 * 1024) < GCOMM_DEV_SMALL_WORKS ? bytes / (8 * 1024) : GCOMM_DEV_SMALL_WORKS;
+    if (proto == gcommProtoLL) {
+      /* a Send/Recv takes half: the usual group of one send and one receive fits one small launch
+       */
+      size_t cap = isP2p ? GCOMM_DEV_SMALL_WORKS / 2 : GCOMM_DEV_SMALL_WORKS;
+      nc = bytes / (8 * 1024) < cap ? bytes / (8 * 1024) : cap;
+    }
   }
 #else
   (void)proto;
