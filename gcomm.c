@@ -84,6 +84,8 @@ static const gcommParamDef_t paramTable[] = {
 #ifdef GCOMM_GPU
     {"GCOMM_P2P_DISABLE", "0", PARAM_INT, PARAM_AT(p2pDisable), NULL, 0, 1,
      "1: GPU FIFOs in pinned shared host memory instead of GPU memory shared through IPC"},
+    {"GCOMM_P2P_USE_CUDA_MEMCPY", "0", PARAM_INT, PARAM_AT(p2pMemcpy), NULL, 0, 1,
+     "1: GPU sends to local ranks through copy engines (cudaMemcpyAsync by the progress thread)"},
     {"GCOMM_PDL", "1", PARAM_INT, PARAM_AT(pdl), NULL, 0, 1,
      "0: a small GPU launch never starts before the previous one on its stream has finished"},
 #endif
@@ -468,6 +470,24 @@ static int stagesNet(gcommComm_t comm) {
   (void)comm;
   return 0;
 #endif
+}
+
+/* A GPU communicator whose kernels send to local ranks through staging FIFOs that the progress
+ * thread copies with copy engines (GCOMM_P2P_USE_CUDA_MEMCPY, transports/p2p.c). */
+static int copiesByEngine(gcommComm_t comm) {
+#ifdef GCOMM_GPU
+  return comm->device >= 0 && gcommDeviceCopyEngines(comm);
+#else
+  (void)comm;
+  return 0;
+#endif
+}
+
+/* A GPU communicator some of whose FIFOs a proxy on the progress thread moves (the network's,
+ * the copy engines'): the thread runs from init to destroy, and LL is never used (its flags live
+ * in the data, which the proxy moves keyed on the tail). */
+static int hasGpuProxy(gcommComm_t comm) {
+  return stagesNet(comm) || copiesByEngine(comm);
 }
 static const char* const typeNames[gcommNumTypes] = {"int8",    "uint8",   "int32",   "uint32",
                                                      "int64",   "uint64",  "float16", "float32",
@@ -918,8 +938,8 @@ static int progressPass(gcommComm_t comm) {
     if (comm->nActiveWorks > 0 || __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE)) moved = 1;
     drainAll(comm);
 #ifdef GCOMM_GPU
-    /* the network FIFOs move no more: kernels waiting on them stop (the first error stands) */
-    if (stagesNet(comm)) gcommDeviceAbort(comm);
+    /* the proxied FIFOs move no more: kernels waiting on them stop (the first error stands) */
+    if (hasGpuProxy(comm)) gcommDeviceAbort(comm);
 #endif
     return moved;
   }
@@ -960,6 +980,16 @@ static int progressPass(gcommComm_t comm) {
     return 1;
   }
 #endif
+#ifdef GCOMM_GPU
+  /* the copy engines' proxy: staging slots the kernels filled go to the local peers' FIFOs */
+  if (copiesByEngine(comm)) {
+    gcommResult_t copyRes = gcommDeviceCopyProgress(comm, &moved);
+    if (copyRes != gcommSuccess) {
+      setAsyncError(comm, copyRes); /* the next pass aborts the kernels */
+      return 1;
+    }
+  }
+#endif
   return moved;
 }
 
@@ -974,15 +1004,15 @@ static int netPending(gcommComm_t comm) {
 #endif
 }
 
-/* Whether the network may be moving data for this communicator (works active, slots and
- * credits not yet sent, or a GPU communicator's kernels waiting on FIFOs). Most providers (tcp)
- * progress only when polled: the engine yields the core then, but never naps. Run under
- * progressLock. */
+/* Whether the network or a GPU proxy may be moving data for this communicator (works active,
+ * slots and credits not yet sent, or a GPU communicator's kernels waiting on proxied FIFOs). Most
+ * providers (tcp) progress only when polled, and a kernel waits on the copy engines' proxy: the
+ * engine yields the core then, but never naps. Run under progressLock. */
 static int netBusy(gcommComm_t comm) {
-#ifdef GCOMM_OFI
 #ifdef GCOMM_GPU
-  if (stagesNet(comm) && gcommDeviceKernelsWaiting(comm)) return 1;
+  if (hasGpuProxy(comm) && gcommDeviceKernelsWaiting(comm)) return 1;
 #endif
+#ifdef GCOMM_OFI
   return comm->net != NULL && (comm->nActiveWorks > 0 || gcommNetSendsPending(comm));
 #else
   (void)comm;
@@ -1032,14 +1062,14 @@ static void* progressThread(void* arg) {
     pthread_mutex_unlock(&comm->progressLock);
     /* waiting on peers: back off. Nothing at all to do for a while: sleep until a post (a GPU
      * communicator's launch signals too, and kernels may start later, as graphs do: a GPU
-     * communicator that stages through the network looks every millisecond). */
+     * communicator with a proxy, network or copy engines, looks every millisecond). */
     if (backoff(&idleSince, mayNap) > 1000 && mayNap && comm->nActiveWorks == 0 &&
         !netPending(comm)) {
       int timedOut = 0;
       pthread_mutex_lock(&comm->postLock);
       if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
         /* wake now and then for dumps */
-        struct timespec ts = deadlineIn(stagesNet(comm) ? 1000000 : 100 * 1000000);
+        struct timespec ts = deadlineIn(hasGpuProxy(comm) ? 1000000 : 100 * 1000000);
         void* ctrl = GCOMM_PROF_ON(comm, gcommProfileProxyCtrl)
                          ? gcommProfCtrlStart(comm, gcommProfilerProxyCtrlSleep)
                          : NULL;
@@ -1072,16 +1102,17 @@ static gcommResult_t startThreadOnce(gcommComm_t comm) {
   return gcommSuccess;
 }
 
-/* A GPU communicator whose ranks span nodes: the network FIFOs its kernels fill and drain move
- * only while the progress thread runs (nobody calls gcommWait while stream-ordered kernels wait
- * on them), so the thread starts with the communicator and runs until destroy: polling while
- * kernels wait, sleeping (1 ms at a time) when nothing moves. Poll mode cannot drive such
- * kernels: it warns and uses the thread. */
+/* A GPU communicator with a proxy (hasGpuProxy: ranks on other nodes, or copy engines): the
+ * FIFOs its kernels fill and drain move only while the progress thread runs (nobody calls
+ * gcommWait while stream-ordered kernels wait on them), so the thread starts with the
+ * communicator and runs until destroy: polling while kernels wait, sleeping (1 ms at a time) when
+ * nothing moves. Poll mode cannot drive such kernels: it warns and uses the thread. */
 static gcommResult_t startGpuProxy(gcommComm_t comm) {
   if (comm->params.proxyMode == GCOMM_PROXY_POLL) {
     GCOMM_WARN(comm,
-               "GCOMM_PROXY_MODE=poll: a GPU communicator whose ranks span nodes needs the "
-               "progress thread to move its network FIFOs while kernels run: using it");
+               "GCOMM_PROXY_MODE=poll: a GPU communicator %s needs the progress thread to move "
+               "its FIFOs while kernels run: using it",
+               stagesNet(comm) ? "whose ranks span nodes" : "with copy engines");
     comm->params.proxyMode = GCOMM_PROXY_THREAD;
   }
   return startThreadOnce(comm);
@@ -1183,7 +1214,10 @@ static void tuningPrint(gcommComm_t comm);
  * to a remote rank pins a send and a receive FIFO of host memory: with 4 MB FIFOs, 4 collective
  * and 4 point-to-point lanes, 64 MB per remote rank (32 channels would pin 512 MB). */
 #define GPU_NET_CHANNELS 4
-#define GPU_STAGED_CHANNELS 16 /* GCOMM_P2P_DISABLE: PCIe, not the blocks, sets the pace */
+/* GCOMM_P2P_DISABLE: PCIe, not the blocks, sets the pace; GCOMM_P2P_USE_CUDA_MEMCPY: the copy
+ * engines and the proxy do (each lane to a local peer adds a staging FIFO in GPU memory: with 16
+ * channels, 16 point-to-point lanes and 4 MB FIFOs, 128 MB a peer) */
+#define GPU_STAGED_CHANNELS 16
 
 #ifdef GCOMM_GPU
 /* One rank's GPU, as gpuDefaultChannels gathers it: ranks sharing a GPU have the same node and
@@ -1206,7 +1240,7 @@ static int gpuOfRankCompare(const void* a, const void* b) {
  * (this kernel's 64 registers x 512 threads), and not more than one per multiprocessor for each
  * rank. More than 4 ranks on a node: 64 at most (FIFO memory grows with ranks x lanes). Between
  * nodes 4: each lane to a remote rank pins 2 FIFOs of host memory, and the network sets the pace;
- * staged through host memory (GCOMM_P2P_DISABLE) 16: PCIe sets it. */
+ * staged through host memory (GCOMM_P2P_DISABLE) 16: PCIe sets it; 16 with copy engines too. */
 static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* nChannels) {
   gpuOfRank_t mine = {hostId, comm->devicePci, comm->device >= 0 ? comm->deviceSMs : -1};
   gpuOfRank_t* all = calloc(comm->nranks, sizeof(*all));
@@ -1234,9 +1268,9 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
   comm->smallKernel = (int64_t)sharing * GCOMM_DEV_SMALL_WORKS <= fewestSms;
   comm->launchOverlap = comm->params.pdl && comm->deviceCcMajor >= 9 &&
                         (int64_t)sharing * 2 * GCOMM_DEV_SMALL_WORKS <= fewestSms;
-  *nChannels = spansNodes(comm)          ? GPU_NET_CHANNELS
-               : comm->params.p2pDisable ? GPU_STAGED_CHANNELS
-                                         : nch;
+  *nChannels = spansNodes(comm)                                    ? GPU_NET_CHANNELS
+               : comm->params.p2pDisable || comm->params.p2pMemcpy ? GPU_STAGED_CHANNELS
+                                                                   : nch;
   return gcommSuccess;
 }
 #endif
@@ -1265,10 +1299,6 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
       (config == NULL || config->nChannels == GCOMM_CONFIG_UNDEF_INT))
     comm->params.nChannels = gpuChannels;
   if (comm->device >= 0 && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
-  if (comm->device >= 0 && spansNodes(comm) && comm->params.proto == gcommProtoLL)
-    GCOMM_WARN(comm,
-               "GCOMM_PROTO=ll: LL cannot cross the network proxy (its flags live in the "
-               "data); this GPU communicator spans nodes and uses simple");
 #endif
   comm->nChannels = comm->params.nChannels;
   /* lanes [0, nChannels) carry collectives, [nChannels, nChannels + nP2pChannels) point-to-point */
@@ -1311,17 +1341,18 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   if (comm->cards == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   MPI_CHECK(comm, MPI_Allgather(&card, sizeof(card), MPI_BYTE, comm->cards, sizeof(card), MPI_BYTE,
                                 comm->mpiComm));
-  /* the lanes and slot size must agree: they shape every FIFO; and so must the slot words */
-  int shape[4] = {comm->nChannels, (int)comm->slotBytes, comm->nLanes,
-                  (int)comm->params.checkMismatch},
-      lo[4], hi[4];
-  MPI_CHECK(comm, MPI_Allreduce(shape, lo, 4, MPI_INT, MPI_MIN, comm->mpiComm));
-  MPI_CHECK(comm, MPI_Allreduce(shape, hi, 4, MPI_INT, MPI_MAX, comm->mpiComm));
+  /* the lanes and slot size must agree: they shape every FIFO; and so must the slot words, and
+   * the copy engines (which rule out LL: both ends of a connection must use one protocol) */
+  int shape[5] = {comm->nChannels, (int)comm->slotBytes, comm->nLanes,
+                  (int)comm->params.checkMismatch, (int)comm->params.p2pMemcpy},
+      lo[5], hi[5];
+  MPI_CHECK(comm, MPI_Allreduce(shape, lo, 5, MPI_INT, MPI_MIN, comm->mpiComm));
+  MPI_CHECK(comm, MPI_Allreduce(shape, hi, 5, MPI_INT, MPI_MAX, comm->mpiComm));
   if (memcmp(lo, hi, sizeof(lo)) != 0)
     return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
                        "ranks disagree on GCOMM_NCHANNELS (%d..%d), GCOMM_BUFFSIZE, "
-                       "GCOMM_CHECK_MISMATCH or GPU vs host (config.device): set them the same "
-                       "on every rank",
+                       "GCOMM_CHECK_MISMATCH, GCOMM_P2P_USE_CUDA_MEMCPY or GPU vs host "
+                       "(config.device): set them the same on every rank",
                        lo[0], hi[0]);
 #ifdef GCOMM_OFI
   for (int p = 0; p < comm->nranks; p++)
@@ -1353,6 +1384,12 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
 #ifdef GCOMM_GPU
   res = comm->device >= 0 ? gcommDeviceConnect(comm) : gcommSuccess;
   GCOMM_CHECK(agree(comm, res, "GPU IPC connection"));
+  if (comm->device >= 0 && comm->params.proto == gcommProtoLL &&
+      (spansNodes(comm) || copiesByEngine(comm)))
+    GCOMM_WARN(comm,
+               "GCOMM_PROTO=ll: LL cannot cross a proxy (its flags live in the data); this GPU "
+               "communicator %s and uses simple",
+               spansNodes(comm) ? "spans nodes" : "sends through copy engines");
 #endif
 
   if (comm->params.dumpSignal > 0) {
@@ -1370,7 +1407,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   tuningPrint(comm);
   gcommProfInit(comm); /* late: a failing setup has no profiler to finalize */
   /* after the profiler, which the thread's passes report to (commFree finalizes it on failure) */
-  return stagesNet(comm) ? startGpuProxy(comm) : gcommSuccess;
+  return hasGpuProxy(comm) ? startGpuProxy(comm) : gcommSuccess;
 }
 
 static void commFree(gcommComm_t comm) {
@@ -1682,11 +1719,11 @@ static int chooseChannels(gcommComm_t comm, int func, size_t bytes, int proto) {
   return nc < 1 ? 1 : nc > maxCh ? (int)maxCh : (int)nc;
 }
 
-/* Host communicators always use Simple; GPU communicators the faster by the model, except between
- * nodes: LL's flags travel in the data, which the network proxy moves without a tail for them
- * (a forced GCOMM_PROTO=ll warned at init). */
+/* Host communicators always use Simple; GPU communicators the faster by the model, except with a
+ * proxy (between nodes, copy engines): LL's flags travel in the data, which the proxy moves keyed
+ * on a tail LL does not publish (a forced GCOMM_PROTO=ll warned at init). */
 static int chooseProto(gcommComm_t comm, int func, int algo, size_t bytes) {
-  if (comm->device < 0 || spansNodes(comm)) return gcommProtoSimple;
+  if (comm->device < 0 || spansNodes(comm) || copiesByEngine(comm)) return gcommProtoSimple;
   if (comm->params.proto >= 0) return comm->params.proto;
 #ifdef GCOMM_GPU
   double us[gcommNumProtos];
@@ -1933,11 +1970,11 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
 }
 
 #ifdef GCOMM_GPU
-/* One kernel launch for a GPU communicator's ops; one that stages through the network wakes the
- * progress thread, which may be asleep with nothing posted. */
+/* One kernel launch for a GPU communicator's ops; one with a proxy (network, copy engines) wakes
+ * the progress thread, which may be asleep with nothing posted. */
 static gcommResult_t launchOps(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
   gcommResult_t res = gcommDeviceLaunch(comm, ops, n, stream);
-  if (res == gcommSuccess && stagesNet(comm)) {
+  if (res == gcommSuccess && hasGpuProxy(comm)) {
     pthread_mutex_lock(&comm->postLock);
     pthread_cond_signal(&comm->postCond);
     pthread_mutex_unlock(&comm->postLock);

@@ -28,6 +28,13 @@
  * thread. The kernel uses them like any other: it writes the send FIFO's slots, bytes[] and tail
  * and polls its head (sends completed), polls the receive FIFO's tail (receives completed, after
  * bytes[]) and writes its head. Simple protocol only: LL's flags cannot cross the proxy.
+ *
+ * Copy engines (GCOMM_P2P_USE_CUDA_MEMCPY=1, not staged): a send connection to another local
+ * rank points slots at a staging FIFO in this rank's GPU memory and tail, bytes[] at its header
+ * in mapped pinned host memory; head stays in this rank's region. The kernel cannot tell: it
+ * waits for head, fills the staging slot and word, release-stores the tail (system scope), and
+ * the progress thread copies slot, word and tail into the receiver's FIFO with cudaMemcpyAsync,
+ * the tail last in the same stream (gcommDeviceCopyProgress). Simple protocol only, as above.
  */
 #ifndef GCOMM_DEVICE_H
 #define GCOMM_DEVICE_H
@@ -76,8 +83,9 @@ typedef struct {
   uint64_t* steps; /* [GCOMM_DEV_COUNTERS][nLanes * nranks]: send, receive steps; heads seen */
   volatile int* abortFlag; /* mapped host memory */
   gcommDevError_t* error;  /* mapped host memory */
-  /* mapped host memory, or NULL when every rank is on this node: a block waiting on a FIFO sets
-   * it now and then, so that the progress thread keeps polling the network instead of napping */
+  /* mapped host memory, or NULL when no proxy moves FIFOs (every rank on this node, no copy
+   * engines): a block waiting on a FIFO sets it now and then, so that the progress thread keeps
+   * polling the network and the copy engines' staging tails instead of napping */
   volatile int* waiting;
   unsigned long long timeoutNs;
   int claim; /* device memory: the first failing block claims the error record */
@@ -143,8 +151,18 @@ gcommResult_t gcommDeviceWait(gcommComm_t comm, void* stream, const char* where)
 gcommResult_t gcommDeviceKernelError(gcommComm_t comm, const char* where);
 void gcommDeviceAbort(gcommComm_t comm);
 /* Whether a kernel waited on a FIFO lately (gcommDevComm_t.waiting), or a launch just went out:
- * the progress thread then polls the network instead of napping. Progress thread only. */
+ * the progress thread then polls the network or the copy engines instead of napping. Progress
+ * thread only. */
 int gcommDeviceKernelsWaiting(gcommComm_t comm);
+/* Whether this rank's sends to local peers go through copy engines (GCOMM_P2P_USE_CUDA_MEMCPY=1
+ * and the FIFOs not staged: the same answer on every rank of the node, the knob being checked
+ * alike at init). Such a communicator uses the Simple protocol only. */
+int gcommDeviceCopyEngines(gcommComm_t comm);
+/* The copy-engine proxy, run by progressPass: for every staging FIFO whose tail moved, enqueues
+ * the copies of its new slots, their words and then the tail into the receiver's FIFO (one
+ * stream per peer); *moved = 1 when it enqueued some. A failed copy: gcommDeviceError naming
+ * the peer. */
+gcommResult_t gcommDeviceCopyProgress(gcommComm_t comm, int* moved);
 /* gcommCommDestroy: waits for this communicator's kernels on every stream it launched on (they
  * end by themselves: done, deadline, abort), then, unless the communicator failed, for every rank,
  * so that no peer still writes into a region freed; each wait is bounded by GCOMM_TIMEOUT_MS.

@@ -56,6 +56,8 @@
 #define cudaMemset hipMemset
 #define cudaMemcpy hipMemcpy
 #define cudaMemcpyHostToDevice hipMemcpyHostToDevice
+#define cudaMemcpyAsync hipMemcpyAsync
+#define cudaMemcpyDefault hipMemcpyDefault
 /* polled by the kernels: mapped and coherent (hipHostMalloc's default may be non-coherent) */
 #define cudaHostAlloc hipHostMalloc
 #define cudaHostAllocMapped (hipHostMallocMapped | hipHostMallocCoherent)

@@ -68,6 +68,7 @@ typedef struct {
   int64_t timeoutMs;     /* GCOMM_TIMEOUT_MS */
   int64_t checkMismatch; /* GCOMM_CHECK_MISMATCH */
   int64_t p2pDisable;    /* GCOMM_P2P_DISABLE (GPU builds) */
+  int64_t p2pMemcpy;     /* GCOMM_P2P_USE_CUDA_MEMCPY (GPU builds) */
   int64_t pdl;           /* GCOMM_PDL (GPU builds) */
   const char* hostId;    /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI

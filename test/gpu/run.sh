@@ -1,12 +1,13 @@
 #!/bin/bash
 # test/gpu/run.sh - on the lent GPU machine, in one call: build with CUDA (and NCCL when
 # $NCCL_HOME has it), GPU correctness at 2 ranks on 2 GPUs, the benchmark beside NCCL, then 4 ranks
-# on 2 GPUs and 2 ranks on 1 GPU, then compute-sanitizer. Logs go to $OUT (or ./gpu-logs).
+# on 2 GPUs and 2 ranks on 1 GPU, then compute-sanitizer, staging through host memory, copy
+# engines, the network. Logs go to $OUT (or ./gpu-logs).
 # Usage (from the repository root): bash test/gpu/run.sh
 # STAGES picks parts (default: all but knobs and channels): build test perf sweep knobs channels
-# large quick profiler sanitizer host p2pdisable net.
+# large quick profiler sanitizer host p2pdisable ce net.
 # One device call may run 10 minutes: split the stages over two calls when all do not fit.
-STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host p2pdisable net"}
+STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host p2pdisable ce net"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 B=${BUILD:-build-gpu}
@@ -20,8 +21,9 @@ if command -v mpicc >/dev/null && mpicc -showme >/dev/null 2>&1; then   # Open M
   MPICC=mpicc; RUN="mpirun --oversubscribe --bind-to none -x GCOMM_TIMEOUT_MS -x TEST_NGPUS -x LD_LIBRARY_PATH -x GCOMM_DEBUG -np"
   PASSENV="-x GCOMM_PROTO -x GCOMM_DEBUG_SUBSYS"
   P2PENV="-x GCOMM_P2P_DISABLE -x NCCL_P2P_DISABLE -x GCOMM_DEBUG_SUBSYS"
+  CEENV="-x GCOMM_P2P_USE_CUDA_MEMCPY -x GCOMM_DEBUG_SUBSYS"
 else                                                                 # MPICH from .devdeps
-  P2PENV=""                                                          # hydra passes the environment
+  P2PENV=""; CEENV=""                                                # hydra passes the environment
   MPICC=gcc; RUN="$MPIEXEC_MPICH -n"; EXTRA=(MPI_CFLAGS="$MPICH_CFLAGS" MPI_LIBS="$MPICH_LIBS")
 fi
 NCCLARG=""; [ -n "$NCCL_HOME" ] && [ -f "$NCCL_HOME/include/nccl.h" ] && NCCLARG="NCCL=1"
@@ -98,6 +100,26 @@ if want p2pdisable; then
   PB=$PERFBACK; [ "$NG" -lt 2 ] && PB=gcomm
   step p2pdis_perf 150 $RUN 2 $P2PENV $B/gcomm_perf --coll allreduce,broadcast,sendrecv -b 8 -e 256M -f 8 --backend $PB
   unset GCOMM_P2P_DISABLE NCCL_P2P_DISABLE
+fi
+# sends to local ranks through copy engines (GCOMM_P2P_USE_CUDA_MEMCPY=1: staging FIFOs in each
+# rank's GPU memory that the progress thread copies into the receivers' FIFOs with
+# cudaMemcpyAsync; Simple protocol only, so the LL passes warn and run Simple): correctness at 2
+# ranks (on 2 GPUs when there are 2) and 4 ranks on 1 GPU, the failure tests, then the bandwidth
+# beside the same sweep with SM stores (the default) on this machine. The INFO lines show that
+# the copy engines were used.
+if want ce; then
+  export GCOMM_P2P_USE_CUDA_MEMCPY=1
+  CEG=$((NG > 1 ? 2 : 1))
+  GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=INIT step ce_2r${CEG}g 200 $RUN 2 $CEENV $B/test/gpu/test_gpu --quick
+  GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=INIT TEST_NGPUS=1 step ce_4r1g 250 $RUN 4 $CEENV $B/test/gpu/test_gpu --quick
+  step ce_fault 120 $RUN 2 $CEENV $B/test/gpu/test_gpu_fault   # abort, mismatch (the words are copied)
+  # every rank of the tests' 8 communicators says so: 8 x 2 + 8 x 4 lines
+  n=$(cat $OUT/ce_2r${CEG}g.log $OUT/ce_4r1g.log | grep -c "through copy engines (GCOMM_P2P_USE_CUDA_MEMCPY=1")
+  echo "=== ce_used: $n communicators' ranks used copy engines in the tests' logs (48 expected) $([ "$n" -ge 48 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
+  CEPERF="--coll allreduce,allgather,broadcast,sendrecv -b 1M -e 1G -f 4 -n 10 -w 3 --backend gcomm"
+  step ce_perf 240 $RUN 2 $CEENV $B/gcomm_perf $CEPERF
+  unset GCOMM_P2P_USE_CUDA_MEMCPY
+  step ce_perf_sm 240 $RUN 2 $B/gcomm_perf $CEPERF
 fi
 # GPU communicators across 2 pretend nodes (GCOMM_HOSTID from the MPI rank, as test/test_net.sh):
 # device buffers staged through pinned host FIFOs and libfabric's tcp provider on loopback; built
