@@ -1342,9 +1342,9 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   MPI_CHECK(comm, MPI_Allgather(&card, sizeof(card), MPI_BYTE, comm->cards, sizeof(card), MPI_BYTE,
                                 comm->mpiComm));
   /* the lanes and slot size must agree: they shape every FIFO; and so must the slot words, and
-   * the copy engines (which rule out LL: both ends of a connection must use one protocol) */
+   * on GPUs the copy engines (which rule out LL: both ends of a connection use one protocol) */
   int shape[5] = {comm->nChannels, (int)comm->slotBytes, comm->nLanes,
-                  (int)comm->params.checkMismatch, (int)comm->params.p2pMemcpy},
+                  (int)comm->params.checkMismatch, comm->device >= 0 && comm->params.p2pMemcpy},
       lo[5], hi[5];
   MPI_CHECK(comm, MPI_Allreduce(shape, lo, 5, MPI_INT, MPI_MIN, comm->mpiComm));
   MPI_CHECK(comm, MPI_Allreduce(shape, hi, 5, MPI_INT, MPI_MAX, comm->mpiComm));
