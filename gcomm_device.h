@@ -141,6 +141,8 @@ void gcommDeviceAbort(gcommComm_t comm);
 /* Whether a kernel waited on a FIFO lately (gcommDevComm_t.waiting), or a launch just went out:
  * the progress thread then polls the network instead of napping. Progress thread only. */
 int gcommDeviceKernelsWaiting(gcommComm_t comm);
+/* Makes comm's GPU current on the calling thread (the progress thread), nothing for a host comm. */
+void gcommDeviceBindThread(gcommComm_t comm);
 /* gcommCommDestroy: waits for this communicator's kernels on every stream it launched on (they
  * end by themselves: done, deadline, abort), then, unless the communicator failed, for every rank,
  * so that no peer still writes into a region freed; each wait is bounded by GCOMM_TIMEOUT_MS.
