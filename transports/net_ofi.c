@@ -18,7 +18,8 @@
  *
  * Sender: the executor fills slot tail % STEPS and advances tail. Every pass posts fi_tsend for
  * each step below both tail and the peer's credit; when a send completes its slot is free again
- * and head advances (over the contiguous prefix of completed steps).
+ * and head advances (over the contiguous prefix of completed steps; GPU memory copied by CUDA
+ * calls waits for the credit too, sendHead).
  *
  * Flow control: a data message is only sent into a receive that is already posted, so nothing is
  * ever written into a slot the executor still reads, and no data message ever waits in the
@@ -49,11 +50,11 @@
  * copies with CUDA (shm: cudaMemcpy, through a CUDA IPC mapping of the sender's slot) may complete
  * a receive before its copy between GPU buffers is done (such a cudaMemcpy does not wait), so
  * gcommNetProgress waits for this thread's legacy-stream copies (gcommDeviceNetFence) before it
- * advances a tail. The sender's slot has no such guard: the receiver's copy may still read it when
- * the send completes (shm returns the command once the copy is issued) and the kernel refills it;
- * test/gpu/run.sh's hmem stage checks the data. An RDMA NIC writing the GPU's memory (GPUDirect
- * RDMA: verbs, efa) would need a flush of its writes before tail advances, not done yet. Host
- * communicators never ask for FI_HMEM.
+ * advances a tail; and as the receiver's copy may still read the sender's slot when the send
+ * completes (shm returns the command once the copy is issued), the sender frees a slot only once
+ * the receiver's credit shows it drained that step (sendHead). An RDMA NIC writing the GPU's memory
+ * (GPUDirect RDMA: verbs, efa) would need a flush of its writes before tail advances, not done yet.
+ * Host communicators never ask for FI_HMEM.
  *
  * Everything here runs on the progress engine (under comm->progressLock): the CQ is read only by
  * gcommNetProgress, called from progressPass; setup, connection and teardown run at init and
@@ -102,7 +103,7 @@ struct netConn {
   void* ownMem; /* a FIFO this file mapped for itself (GCOMM_NET_SHARED_BUFFERS=0) */
   size_t ownBytes;
   uint64_t posted; /* send: next step to post; recv: receives are posted for every step below */
-  uint64_t done;   /* every step below is complete (send: = fifo->head; recv: = fifo->tail) */
+  uint64_t done;   /* every step below is complete (send: >= fifo->head, sendHead; recv: = tail) */
   /* send: the peer has receives posted below this step; recv: the count last told the peer */
   uint64_t credit;
   int creditPosted;    /* send: the credit receive is posted */
@@ -629,7 +630,19 @@ static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, in
   return gcommSuccess;
 }
 
-static void completeData(netReq_t* req, size_t len, uint64_t tag) {
+/* A send FIFO's head: the steps whose slots the kernel or executor may refill. A completed send
+ * frees its slot, except with a provider that copies GPU memory with CUDA (shm, through a CUDA IPC
+ * mapping of this slot): the send completes once the receiver has issued its copy, which may
+ * still be reading. There the slot of step s is free once the receiver has posted a receive for
+ * step s + STEPS (its credit passed it): it drained step s first, after its fence
+ * (gcommDeviceNetFence) saw the copy done. */
+static void sendHead(struct gcommNet* net, netConn_t* nc) {
+  uint64_t head = nc->done;
+  if (net->hmemCopies && nc->credit < head + GCOMM_STEPS) head = nc->credit - GCOMM_STEPS;
+  __atomic_store_n(&nc->conn->fifo->head, head, __ATOMIC_RELEASE);
+}
+
+static void completeData(struct gcommNet* net, netReq_t* req, size_t len, uint64_t tag) {
   netConn_t* nc = req->nc;
   gcommFifo_t* f = nc->conn->fifo;
   int slot = (int)(req->step % GCOMM_STEPS);
@@ -638,17 +651,18 @@ static void completeData(netReq_t* req, size_t len, uint64_t tag) {
   uint64_t done = nc->done;
   while (done < nc->posted && nc->complete[done % GCOMM_STEPS])
     nc->complete[done++ % GCOMM_STEPS] = 0;
-  __atomic_store_n(&nc->done, done, __ATOMIC_RELAXED); /* creditDue reads it */
+  __atomic_store_n(&nc->done, done, __ATOMIC_RELAXED); /* creditDue, gcommNetSendsPending read it */
   if (nc->isSend)
-    __atomic_store_n(&f->head, done, __ATOMIC_RELEASE);
+    sendHead(net, nc);
   else
     __atomic_store_n(&f->tail, done, __ATOMIC_RELEASE);
 }
 
 /* Credits only grow: one that overtook a later one changes nothing. */
-static void completeCredit(netConn_t* nc) {
+static void completeCredit(struct gcommNet* net, netConn_t* nc) {
   if (*nc->creditBuf > nc->credit) nc->credit = *nc->creditBuf;
   nc->creditPosted = 0;
+  if (net->hmemCopies) sendHead(net, nc);
 }
 
 static gcommResult_t postAll(gcommComm_t comm, struct gcommNet* net, int* moved) {
@@ -701,14 +715,15 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
     for (ssize_t k = 0; k < n; k++) {
       netReq_t* req = (netReq_t*)ent[k].op_context;
       if (req->isCredit) {
-        completeCredit(req->nc);
+        completeCredit(net, req->nc);
         continue;
       }
       if (!req->nc->isSend && ent[k].len > req->nc->conn->slotBytes)
         return GCOMM_ERROR(comm, gcommInternalError, req->nc->peer, "received %zu bytes > slot",
                            ent[k].len);
       if (req->prof != NULL) gcommProfStop(comm, req->prof);
-      completeData(req, ent[k].len, (ent[k].flags & FI_REMOTE_CQ_DATA) ? (uint32_t)ent[k].data : 0);
+      completeData(net, req, ent[k].len,
+                   (ent[k].flags & FI_REMOTE_CQ_DATA) ? (uint32_t)ent[k].data : 0);
     }
     got = 1;
     if (n < 16) break;
@@ -726,8 +741,9 @@ int gcommNetSendsPending(gcommComm_t comm) {
   if (net == NULL || __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess) return 0;
   for (int i = 0; i < net->nConns; i++) {
     netConn_t* nc = net->conns[i];
+    /* a send FIFO's head may wait for a credit after its sends completed (sendHead) */
     if (nc->isSend ? __atomic_load_n(&nc->conn->fifo->tail, __ATOMIC_ACQUIRE) !=
-                         __atomic_load_n(&nc->conn->fifo->head, __ATOMIC_ACQUIRE)
+                         __atomic_load_n(&nc->done, __ATOMIC_RELAXED)
                    : creditDue(nc))
       return 1;
   }
