@@ -141,7 +141,8 @@ void gcommDeviceAbort(gcommComm_t comm);
 /* Whether a kernel waited on a FIFO lately (gcommDevComm_t.waiting), or a launch just went out:
  * the progress thread then polls the network instead of napping. Progress thread only. */
 int gcommDeviceKernelsWaiting(gcommComm_t comm);
-/* Makes comm's GPU current on the calling thread (the progress thread), nothing for a host comm. */
+/* Makes comm's GPU current on the calling thread (the progress thread), in relaxed capture mode;
+ * nothing for a host comm. */
 void gcommDeviceBindThread(gcommComm_t comm);
 /* gcommCommDestroy: waits for this communicator's kernels on every stream it launched on (they
  * end by themselves: done, deadline, abort), then, unless the communicator failed, for every rank,

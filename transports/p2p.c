@@ -622,6 +622,13 @@ void gcommDeviceBindThread(gcommComm_t comm) {
   if (e != cudaSuccess)
     GCOMM_WARN(comm, "progress thread: cudaSetDevice(%d) failed: %s", comm->device,
                cudaGetErrorString(e));
+  /* relaxed: the CUDA calls made here (the provider's copies with FI_HMEM) must not fail while
+   * the application captures a graph in global mode */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  e = cudaThreadExchangeStreamCaptureMode(&mode);
+  if (e != cudaSuccess)
+    GCOMM_WARN(comm, "progress thread: cudaThreadExchangeStreamCaptureMode failed: %s",
+               cudaGetErrorString(e));
 }
 
 void gcommDeviceAbort(gcommComm_t comm) {
