@@ -23,9 +23,6 @@
 #include <unistd.h>
 
 #include "gcomm_internal.h"
-#if defined(GCOMM_CUDA) || defined(GCOMM_HIP) /* the GPU engine, either platform */
-#define GCOMM_GPU 1
-#endif
 #ifdef GCOMM_GPU
 #include "gcomm_device.h"
 #endif
@@ -39,6 +36,9 @@ enum { PARAM_INT, PARAM_SIZE, PARAM_ENUM, PARAM_STR, PARAM_LOG };
 static const char* const algoNames[] = {"ring", "tree", "direct", NULL};
 static const char* const protoNames[] = {"simple", "ll", NULL};
 static const char* const proxyModeNames[] = {"thread", "poll", NULL};
+#if defined(GCOMM_GPU) && defined(GCOMM_OFI)
+static const char* const netGdrNames[] = {"0", "1", "auto", NULL}; /* GCOMM_NET_GDR_OFF, ON, AUTO */
+#endif
 
 typedef struct {
   const char* name;
@@ -98,6 +98,10 @@ static const gcommParamDef_t paramTable[] = {
      "only use the provider's domain of this name (tcp: the interface, e.g. eth0 or lo)"},
     {"GCOMM_NET_SHARED_BUFFERS", "1", PARAM_INT, PARAM_AT(netSharedBuffers), NULL, 0, 1,
      "1: every network FIFO in one registered region; 0: one registration per FIFO"},
+#endif
+#if defined(GCOMM_GPU) && defined(GCOMM_OFI)
+    {"GCOMM_NET_GDR", "auto", PARAM_ENUM, PARAM_AT(netGdr), netGdrNames, 0, 0,
+     "GPU comms across nodes: network FIFO slots in GPU memory (FI_HMEM): 0, 1 (required), auto"},
 #endif
 };
 #define NPARAMS ((int)(sizeof(paramTable) / sizeof(paramTable[0])))
@@ -1033,6 +1037,9 @@ static struct timespec deadlineIn(long ns) {
 static void* progressThread(void* arg) {
   gcommComm_t comm = (gcommComm_t)arg;
   uint64_t idleSince = 0;
+#ifdef GCOMM_GPU
+  gcommDeviceBindThread(comm); /* the provider's copies of GPU memory (FI_HMEM) run here */
+#endif
   pthread_mutex_lock(&comm->progressLock);
   while (!__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
     if (__atomic_load_n(&comm->drivers, __ATOMIC_ACQUIRE) > 0) {

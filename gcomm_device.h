@@ -163,6 +163,9 @@ int gcommDeviceCopyEngines(gcommComm_t comm);
  * stream per peer); *moved = 1 when it enqueued some. A failed copy: gcommDeviceError naming
  * the peer. */
 gcommResult_t gcommDeviceCopyProgress(gcommComm_t comm, int* moved);
+/* Makes comm's GPU current on the calling thread (the progress thread), in relaxed capture mode;
+ * nothing for a host comm. */
+void gcommDeviceBindThread(gcommComm_t comm);
 /* gcommCommDestroy: waits for this communicator's kernels on every stream it launched on (they
  * end by themselves: done, deadline, abort), then, unless the communicator failed, for every rank,
  * so that no peer still writes into a region freed; each wait is bounded by GCOMM_TIMEOUT_MS.

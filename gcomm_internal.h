@@ -14,6 +14,10 @@
 #include "gcomm_reduce.h"
 #include "gcomm_sched.h"
 
+#if defined(GCOMM_CUDA) || defined(GCOMM_HIP) /* the GPU engine, either platform */
+#define GCOMM_GPU 1
+#endif
+
 /* ---- Logging and errors ---- */
 enum { GCOMM_LOG_NONE, GCOMM_LOG_WARN, GCOMM_LOG_INFO, GCOMM_LOG_TRACE };
 enum {
@@ -77,9 +81,16 @@ typedef struct {
   const char* ofiIface;     /* GCOMM_OFI_IFACE, or NULL */
   int64_t netSharedBuffers; /* GCOMM_NET_SHARED_BUFFERS */
 #endif
+#if defined(GCOMM_GPU) && defined(GCOMM_OFI)
+  int netGdr; /* GCOMM_NET_GDR: GCOMM_NET_GDR_OFF, _ON (required) or _AUTO */
+#endif
   /* GCOMM_PROFILER_PLUGIN, or NULL */
   const char* profilerPlugin;
 } gcommParams_t;
+
+#define GCOMM_NET_GDR_OFF 0 /* the indices of GCOMM_NET_GDR's choices in gcomm.c */
+#define GCOMM_NET_GDR_ON 1
+#define GCOMM_NET_GDR_AUTO 2
 
 /* ---- Connections ----
  * A FIFO of GCOMM_STEPS slots in the receiver's memory. The sender fills slot tail % STEPS and
@@ -98,7 +109,7 @@ void gcommDescribeMismatch(char* buf, size_t len, uint64_t got, uint64_t expecte
 
 typedef struct {
   gcommFifo_t* fifo;
-  char* slots;   /* GCOMM_STEPS slots of slotBytes */
+  char* slots;   /* GCOMM_STEPS slots of slotBytes: after fifo, or elsewhere (GPU memory) */
   uint64_t step; /* this side's own counter: the next slot to fill (sender) or drain */
   size_t slotBytes;
   int peer;
@@ -289,15 +300,30 @@ void gcommShmFree(gcommComm_t comm);
  * peer's connections on every lane to FIFOs in this rank's registered memory. Nothing when all
  * ranks share a node. */
 gcommResult_t gcommNetSetup(gcommComm_t comm);
-/* Connects one network edge (to or from remote rank peer, on lane) on a FIFO in host memory the
- * caller owns and keeps until gcommCommDestroy: conn->fifo (zeroed), conn->slots (GCOMM_STEPS
- * slots of conn->slotBytes, the same size on both sides) and conn->peer. Any host memory the
- * provider can register works: malloc'd, or pinned and mapped for a GPU, whose kernel then fills
- * and drains slots with the usual protocol (payload and bytes[] before tail/head, with release
- * at system scope). The edge moves by gcommNetProgress like the host FIFOs. Both ranks connect
- * the same (peer, lane) edges, then meet in a barrier before either sends (receives for the
- * first GCOMM_STEPS steps are posted here; later ones are announced by credits). */
+/* Connects one network edge (to or from remote rank peer, on lane) on a FIFO the caller owns and
+ * keeps until gcommCommDestroy: conn->fifo (zeroed, in host memory: the proxy reads its counters),
+ * conn->slots (GCOMM_STEPS slots of conn->slotBytes, the same size on both sides) and conn->peer.
+ * The slots may be anywhere the provider can take: inside memory given to gcommNetRegister (host
+ * memory, or GPU memory when gcommNetDeviceMemory allows), which supplies their registration, or
+ * else any host memory (malloc'd, or pinned and mapped for a GPU), registered here for this FIFO.
+ * A GPU's kernel fills and drains the slots with the usual protocol (payload and bytes[] before
+ * tail/head, with release at system scope). The edge moves by gcommNetProgress like the host
+ * FIFOs. Both ranks connect the same (peer, lane) edges, then meet in a barrier before either
+ * sends (receives for the first GCOMM_STEPS steps are posted here; later ones are announced by
+ * credits). */
 gcommResult_t gcommNetConnect(gcommComm_t comm, gcommConn_t* conn, int peer, int lane, int isSend);
+/* Registers [buf, buf + len) once, until gcommNetFree, for the FIFO slots that gcommNetConnect
+ * will find inside it: host memory (device < 0), or memory of GPU device (cudaMalloc'd; only
+ * when gcommNetDeviceMemory said yes). */
+gcommResult_t gcommNetRegister(gcommComm_t comm, void* buf, size_t len, int device);
+#ifdef GCOMM_GPU
+/* A GPU communicator's choice for its network FIFO slots: 1 when the endpoint takes GPU memory
+ * (the provider offers FI_HMEM and GCOMM_NET_GDR allows it), else 0 with *why saying so. */
+int gcommNetDeviceMemory(gcommComm_t comm, const char** why);
+/* transports/p2p.c: waits for the copies of GPU memory that the provider issued from this thread
+ * on the legacy default stream (gcommNetProgress, before a tail advances over their data). */
+gcommResult_t gcommDeviceNetFence(gcommComm_t comm);
+#endif
 /* The proxy's network half, run by progressPass only: posts sends of filled slots the receiver
  * has receives for, receives into free slots and the credits that announce them, reads the
  * completion queue, advances head (sends) and tail (receives). Sets *moved when anything

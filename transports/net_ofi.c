@@ -18,7 +18,8 @@
  *
  * Sender: the executor fills slot tail % STEPS and advances tail. Every pass posts fi_tsend for
  * each step below both tail and the peer's credit; when a send completes its slot is free again
- * and head advances (over the contiguous prefix of completed steps).
+ * and head advances (over the contiguous prefix of completed steps; GPU memory copied by CUDA
+ * calls waits for the credit too, sendHead).
  *
  * Flow control: a data message is only sent into a receive that is already posted, so nothing is
  * ever written into a slot the executor still reads, and no data message ever waits in the
@@ -38,11 +39,29 @@
  * ignore mask of a stale entry, so a wildcard receive can miss them. A sender keeps one credit
  * receive posted per connection, into its slot of a small registered array.
  *
+ * GPU memory (FI_HMEM): a GPU communicator asks the provider chosen as above for FI_HMEM too
+ * (hmemInfo); when it offers it and GCOMM_NET_GDR allows (auto: only a provider that makes no CUDA
+ * calls of its own, providerCallsCuda; 1: any), transports/p2p.c puts the slots of its
+ * network FIFOs in GPU memory (gcommNetRegister with its device: fi_mr_regattr, iface CUDA or
+ * ROCR) while their counters stay in mapped host memory, and the messages go from and into the
+ * GPU's memory directly: nothing here changes but the descriptor. The kernel reads a received slot
+ * once the proxy has seen the receive's completion and advanced tail (acquire at system scope,
+ * then loads that bypass L1), so the data must be in the GPU's memory by then. A provider that
+ * copies with CUDA (shm: cudaMemcpy, through a CUDA IPC mapping of the sender's slot) may complete
+ * a receive before its copy between GPU buffers is done (such a cudaMemcpy does not wait), so
+ * gcommNetProgress waits for this thread's legacy-stream copies (gcommDeviceNetFence) before it
+ * advances a tail; and as the receiver's copy may still read the sender's slot when the send
+ * completes (shm returns the command once the copy is issued), the sender frees a slot only once
+ * the receiver's credit shows it drained that step (sendHead). An RDMA NIC writing the GPU's memory
+ * (GPUDirect RDMA: verbs, efa) would need a flush of its writes before tail advances, not done yet.
+ * Host communicators never ask for FI_HMEM.
+ *
  * Everything here runs on the progress engine (under comm->progressLock): the CQ is read only by
  * gcommNetProgress, called from progressPass; setup, connection and teardown run at init and
  * destroy. One fabric, domain, endpoint, CQ and AV per communicator.
  */
 #define _GNU_SOURCE
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,7 +103,7 @@ struct netConn {
   void* ownMem; /* a FIFO this file mapped for itself (GCOMM_NET_SHARED_BUFFERS=0) */
   size_t ownBytes;
   uint64_t posted; /* send: next step to post; recv: receives are posted for every step below */
-  uint64_t done;   /* every step below is complete (send: = fifo->head; recv: = fifo->tail) */
+  uint64_t done;   /* every step below is complete (send: >= fifo->head, sendHead; recv: = tail) */
   /* send: the peer has receives posted below this step; recv: the count last told the peer */
   uint64_t credit;
   int creditPosted;    /* send: the credit receive is posted */
@@ -95,6 +114,14 @@ struct netConn {
   netReq_t creditReq;
 };
 
+/* Memory registered once for the FIFO slots placed inside it (gcommNetRegister). */
+typedef struct {
+  uintptr_t base;
+  size_t len;
+  struct fid_mr* mr;
+  void* desc;
+} netRegion_t;
+
 struct gcommNet {
   struct fi_info* info;
   struct fid_fabric* fabric;
@@ -102,9 +129,12 @@ struct gcommNet {
   struct fid_av* av;
   struct fid_cq* cq;
   struct fid_ep* ep;
-  struct fid_mr* mr; /* the shared region's registration (GCOMM_NET_SHARED_BUFFERS=1) */
-  void* desc;
-  char* region;
+  netRegion_t* regions;
+  int nRegions;
+  int hmem;            /* the endpoint takes GPU memory (FI_HMEM, allowed by GCOMM_NET_GDR) */
+  int hmemCopies;      /* ... and the provider copies it with CUDA calls (providerCallsCuda) */
+  const char* hmemWhy; /* else why not, for the INFO line */
+  char* region; /* the host communicator's FIFOs in one mapping (GCOMM_NET_SHARED_BUFFERS=1) */
   size_t regionBytes;
   uint64_t nextKey;  /* requested keys, unique in this domain (without FI_MR_PROV_KEY) */
   uint64_t* credits; /* [peer * nLanes + lane]: the credit receive of each sending connection */
@@ -175,21 +205,97 @@ static gcommResult_t openEndpoint(gcommComm_t comm, struct gcommNet* net) {
   return gcommSuccess;
 }
 
-static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
-  const char* prov = comm->params.ofiProvider;
-  const char* iface = comm->params.ofiIface;
+/* The hints: tagged reliable datagrams, the mr_mode bits gcomm honours (regMem), and FI_HMEM with
+ * FI_MR_HMEM (GPU memory, registered like the rest) when hmem is set. prov and domain: NULL, or
+ * the names to match. */
+static struct fi_info* makeHints(const char* prov, const char* domain, int hmem) {
   struct fi_info* hints = fi_allocinfo();
-  struct fi_info* list = NULL;
-  if (hints == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_allocinfo failed");
-  hints->caps = FI_TAGGED | FI_SEND | FI_RECV;
+  if (hints == NULL) return NULL;
+  hints->caps = FI_TAGGED | FI_SEND | FI_RECV | (hmem ? FI_HMEM : 0);
   hints->ep_attr->type = FI_EP_RDM;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
-  hints->domain_attr->mr_mode =
-      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                                FI_MR_ENDPOINT | (hmem ? FI_MR_HMEM : 0);
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->domain_attr->cq_data_size =
       4; /* each message carries its call's tag (the mismatch check) */
-  if (prov != NULL) hints->fabric_attr->prov_name = strdup(prov);
+  hints->fabric_attr->prov_name = prov ? strdup(prov) : NULL;
+  hints->domain_attr->name = domain ? strdup(domain) : NULL;
+  if ((prov && !hints->fabric_attr->prov_name) || (domain && !hints->domain_attr->name)) {
+    fi_freeinfo(hints);
+    return NULL;
+  }
+  return hints;
+}
+
+#ifdef GCOMM_GPU
+/* A GPU communicator's endpoint: the provider and domain chosen by the usual rules, asked again
+ * with FI_HMEM. Offered (and GCOMM_NET_GDR not 0): its info replaces net->info and net->hmem is
+ * set; else the endpoint stays as chosen and net->hmemWhy says why (GCOMM_NET_GDR=1: an error). */
+static gcommResult_t hmemInfo(gcommComm_t comm, struct gcommNet* net) {
+  const char* prov = net->info->fabric_attr->prov_name;
+  if (comm->params.netGdr == GCOMM_NET_GDR_OFF) {
+    net->hmemWhy = "GCOMM_NET_GDR=0";
+    return gcommSuccess;
+  }
+  struct fi_info* hints = makeHints(prov, net->info->domain_attr->name, 1);
+  struct fi_info* list = NULL;
+  if (hints == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  int err = fi_getinfo(NET_FI_VERSION, NULL, NULL, 0, hints, &list);
+  fi_freeinfo(hints);
+  struct fi_info* got = list;
+  while (got != NULL && !(got->caps & FI_HMEM)) got = got->next;
+  if (got == NULL) {
+    fi_freeinfo(list);
+    net->hmemWhy = "the provider does not offer FI_HMEM";
+    if (comm->params.netGdr == GCOMM_NET_GDR_ON)
+      return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
+                         "GCOMM_NET_GDR=1 but provider %s (domain %s) does not offer FI_HMEM "
+                         "(%s; fi_info -c FI_HMEM lists those that do)",
+                         prov, net->info->domain_attr->name, err ? fi_strerror(-err) : "no match");
+    return gcommSuccess;
+  }
+  struct fi_info* dup = fi_dupinfo(got);
+  fi_freeinfo(list);
+  if (dup == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_dupinfo failed");
+  fi_freeinfo(net->info);
+  net->info = dup;
+  net->hmem = 1;
+  return gcommSuccess;
+}
+
+/* Whether the provider moves GPU memory with CUDA calls of its own, as shm does (cudaMemcpy, from
+ * the progress thread, on the legacy default stream), rather than by the NIC's access to it: it
+ * refuses the promise not to (FI_OPT_CUDA_API_PERMITTED=false, libfabric 1.18, as NCCL's plugins
+ * ask; set before the endpoint is enabled). Such copies wait for every kernel on a blocking stream,
+ * the kernel waiting for their data: GCOMM_NET_GDR=auto stages instead, 1 takes the provider for
+ * non-blocking streams. And a copy between GPU buffers returns before it is done: a receive's
+ * completion needs gcommDeviceNetFence before the kernel may read the slot. */
+static int providerCallsCuda(struct gcommNet* net) {
+#if defined(GCOMM_CUDA) && \
+    FI_VERSION_GE(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), FI_VERSION(1, 18))
+  bool permitted = false;
+  return fi_setopt(&net->ep->fid, FI_OPT_ENDPOINT, FI_OPT_CUDA_API_PERMITTED, &permitted,
+                   sizeof(permitted)) != 0;
+#else
+  (void)net;
+  return 1; /* no way to ask: assume it does */
+#endif
+}
+
+int gcommNetDeviceMemory(gcommComm_t comm, const char** why) {
+  struct gcommNet* net = comm->net;
+  *why = net == NULL ? "no network" : net->hmemWhy;
+  return net != NULL && net->hmem;
+}
+#endif
+
+static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
+  const char* prov = comm->params.ofiProvider;
+  const char* iface = comm->params.ofiIface;
+  struct fi_info* hints = makeHints(prov, NULL, 0);
+  struct fi_info* list = NULL;
+  if (hints == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_allocinfo failed");
   int err = fi_getinfo(NET_FI_VERSION, NULL, NULL, 0, hints, &list);
   fi_freeinfo(hints);
   if (err != 0)
@@ -214,11 +320,10 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   net->info = fi_dupinfo(best);
   fi_freeinfo(list);
   if (net->info == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_dupinfo failed");
-  GCOMM_INFO(GCOMM_SUBSYS_NET | GCOMM_SUBSYS_INIT, comm,
-             "provider %s, fabric %s, domain %s, mr_mode 0x%x, inject %zu bytes",
-             net->info->fabric_attr->prov_name, net->info->fabric_attr->name,
-             net->info->domain_attr->name, (unsigned)net->info->domain_attr->mr_mode,
-             net->info->tx_attr->inject_size);
+  net->hmemWhy = "a host communicator";
+#ifdef GCOMM_GPU
+  if (comm->device >= 0) GCOMM_CHECK(hmemInfo(comm, net));
+#endif
 
   OFI_CHECK(fi_fabric(net->info->fabric_attr, &net->fabric, NULL));
   OFI_CHECK(fi_domain(net->fabric, net->info, &net->domain, NULL));
@@ -236,6 +341,22 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   cqAttr.size = (size_t)comm->nranks * comm->nLanes * (2 * GCOMM_STEPS + 1) + 64;
   OFI_CHECK(fi_cq_open(net->domain, &cqAttr, &net->cq, NULL));
   OFI_CHECK(openEndpoint(comm, net));
+#ifdef GCOMM_GPU
+  if (net->hmem) net->hmemCopies = providerCallsCuda(net);
+  if (net->hmemCopies && comm->params.netGdr == GCOMM_NET_GDR_AUTO) {
+    net->hmem = net->hmemCopies = 0;
+    net->hmemWhy =
+        "the provider moves GPU memory with CUDA calls of its own, which wait for "
+        "kernels on blocking streams (GCOMM_NET_GDR=1 takes it for non-blocking streams)";
+  }
+#endif
+  GCOMM_INFO(GCOMM_SUBSYS_NET | GCOMM_SUBSYS_INIT, comm,
+             "provider %s, fabric %s, domain %s, mr_mode 0x%x, inject %zu bytes, GPU memory "
+             "(FI_HMEM): %s%s",
+             net->info->fabric_attr->prov_name, net->info->fabric_attr->name,
+             net->info->domain_attr->name, (unsigned)net->info->domain_attr->mr_mode,
+             net->info->tx_attr->inject_size,
+             net->hmem ? "yes" : "no: ", net->hmem ? "" : net->hmemWhy);
   OFI_CHECK(fi_ep_bind(net->ep, &net->av->fid, 0));
   OFI_CHECK(fi_ep_bind(net->ep, &net->cq->fid, FI_TRANSMIT | FI_RECV));
   OFI_CHECK(fi_enable(net->ep));
@@ -246,20 +367,62 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   return gcommSuccess;
 }
 
-/* Registers [buf, buf+len) for sends and receives as the provider's mr_mode asks. FI_MR_ALLOCATED:
- * the memory exists before (callers map or allocate it). FI_MR_PROV_KEY: the provider picks the
- * key, else a counter keeps requested keys unique in this communicator's own domain.
- * FI_MR_ENDPOINT: bound to the endpoint and enabled. FI_MR_LOCAL: the descriptor goes with every
+/* Registers [buf, buf+len) for sends and receives as the provider's mr_mode asks: host memory
+ * (device < 0), or GPU memory of that device (the endpoint has FI_HMEM). FI_MR_ALLOCATED: the
+ * memory exists before (callers map or allocate it). FI_MR_PROV_KEY: the provider picks the key,
+ * else a counter keeps requested keys unique in this communicator's own domain. FI_MR_ENDPOINT:
+ * bound to the endpoint and enabled. FI_MR_LOCAL and FI_MR_HMEM: the descriptor goes with every
  * send and receive (it is passed whatever the mode). FI_MR_VIRT_ADDR only concerns RMA, unused. */
 static gcommResult_t regMem(gcommComm_t comm, struct gcommNet* net, void* buf, size_t len,
-                            struct fid_mr** mr, void** desc) {
-  OFI_CHECK(fi_mr_reg(net->domain, buf, len, FI_SEND | FI_RECV, 0, net->nextKey++, 0, mr, NULL));
+                            int device, struct fid_mr** mr, void** desc) {
+  struct iovec iov = {.iov_base = buf, .iov_len = len};
+  struct fi_mr_attr attr;
+  memset(&attr, 0, sizeof(attr));
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  attr.access = FI_SEND | FI_RECV;
+  attr.requested_key = net->nextKey++;
+  attr.iface = FI_HMEM_SYSTEM;
+#ifdef GCOMM_GPU
+  if (device >= 0) {
+#ifdef GCOMM_HIP
+    attr.iface = FI_HMEM_ROCR;
+#else
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = device;
+#endif
+  }
+#endif
+  int e = fi_mr_regattr(net->domain, &attr, 0, mr);
+  if (e != 0)
+    return GCOMM_ERROR(comm, gcommSystemError, -1,
+                       "fi_mr_regattr of %zu bytes of %s memory%s: %s (provider %s)", len,
+                       device >= 0 ? "GPU" : "host", device >= 0 ? " (FI_HMEM)" : "",
+                       fi_strerror(-e), net->info->fabric_attr->prov_name);
   if (net->info->domain_attr->mr_mode & FI_MR_ENDPOINT) {
     OFI_CHECK(fi_mr_bind(*mr, &net->ep->fid, 0));
     OFI_CHECK(fi_mr_enable(*mr));
   }
   *desc = fi_mr_desc(*mr);
   return gcommSuccess;
+}
+
+gcommResult_t gcommNetRegister(gcommComm_t comm, void* buf, size_t len, int device) {
+  struct gcommNet* net = comm->net;
+  if (net == NULL || buf == NULL || len == 0 || (device >= 0 && !net->hmem))
+    return GCOMM_ERROR(
+        comm, gcommInternalError, -1, "gcommNetRegister: %zu bytes of %s memory (%s)", len,
+        device >= 0 ? "GPU" : "host", net == NULL ? "no endpoint" : "bad arguments, or no FI_HMEM");
+  netRegion_t* r = realloc(net->regions, (size_t)(net->nRegions + 1) * sizeof(*r));
+  if (r == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  net->regions = r;
+  r += net->nRegions;
+  memset(r, 0, sizeof(*r));
+  r->base = (uintptr_t)buf;
+  r->len = len;
+  gcommResult_t res = regMem(comm, net, buf, len, device, &r->mr, &r->desc);
+  if (r->mr != NULL) net->nRegions++; /* gcommNetFree closes it, even when binding it failed */
+  return res;
 }
 
 static size_t netFifoBytes(gcommComm_t comm) {
@@ -378,11 +541,15 @@ gcommResult_t gcommNetConnect(gcommComm_t comm, gcommConn_t* conn, int peer, int
   nc->addr = net->addrs[peer];
   nc->creditBuf = &net->credits[(size_t)peer * comm->nLanes + lane];
   size_t len = GCOMM_STEPS * conn->slotBytes;
-  uintptr_t at = (uintptr_t)conn->slots, region = (uintptr_t)net->region;
-  if (net->region != NULL && at >= region && at + len <= region + net->regionBytes) {
-    nc->desc = net->desc;
+  uintptr_t at = (uintptr_t)conn->slots;
+  netRegion_t* in = NULL;
+  for (int i = 0; i < net->nRegions && in == NULL; i++)
+    if (at >= net->regions[i].base && at + len <= net->regions[i].base + net->regions[i].len)
+      in = &net->regions[i];
+  if (in != NULL) {
+    nc->desc = in->desc;
   } else {
-    gcommResult_t res = regMem(comm, net, conn->slots, len, &nc->mr, &nc->desc);
+    gcommResult_t res = regMem(comm, net, conn->slots, len, -1, &nc->mr, &nc->desc);
     if (res != gcommSuccess) {
       free(nc);
       return res;
@@ -423,7 +590,7 @@ static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, in
       return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory for %zu bytes of network FIFOs",
                          net->regionBytes);
     }
-    GCOMM_CHECK(regMem(comm, net, net->region, net->regionBytes, &net->mr, &net->desc));
+    GCOMM_CHECK(gcommNetRegister(comm, net->region, net->regionBytes, -1));
   }
   int k = 0;
   for (int p = 0; p < comm->nranks; p++) {
@@ -463,7 +630,19 @@ static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, in
   return gcommSuccess;
 }
 
-static void completeData(netReq_t* req, size_t len, uint64_t tag) {
+/* A send FIFO's head: the steps whose slots the kernel or executor may refill. A completed send
+ * frees its slot, except with a provider that copies GPU memory with CUDA (shm, through a CUDA IPC
+ * mapping of this slot): the send completes once the receiver has issued its copy, which may
+ * still be reading. There the slot of step s is free once the receiver has posted a receive for
+ * step s + STEPS (its credit passed it): it drained step s first, after its fence
+ * (gcommDeviceNetFence) saw the copy done. */
+static void sendHead(struct gcommNet* net, netConn_t* nc) {
+  uint64_t head = nc->done;
+  if (net->hmemCopies && nc->credit < head + GCOMM_STEPS) head = nc->credit - GCOMM_STEPS;
+  __atomic_store_n(&nc->conn->fifo->head, head, __ATOMIC_RELEASE);
+}
+
+static void completeData(struct gcommNet* net, netReq_t* req, size_t len, uint64_t tag) {
   netConn_t* nc = req->nc;
   gcommFifo_t* f = nc->conn->fifo;
   int slot = (int)(req->step % GCOMM_STEPS);
@@ -472,17 +651,18 @@ static void completeData(netReq_t* req, size_t len, uint64_t tag) {
   uint64_t done = nc->done;
   while (done < nc->posted && nc->complete[done % GCOMM_STEPS])
     nc->complete[done++ % GCOMM_STEPS] = 0;
-  __atomic_store_n(&nc->done, done, __ATOMIC_RELAXED); /* creditDue reads it */
+  __atomic_store_n(&nc->done, done, __ATOMIC_RELAXED); /* creditDue, gcommNetSendsPending read it */
   if (nc->isSend)
-    __atomic_store_n(&f->head, done, __ATOMIC_RELEASE);
+    sendHead(net, nc);
   else
     __atomic_store_n(&f->tail, done, __ATOMIC_RELEASE);
 }
 
 /* Credits only grow: one that overtook a later one changes nothing. */
-static void completeCredit(netConn_t* nc) {
+static void completeCredit(struct gcommNet* net, netConn_t* nc) {
   if (*nc->creditBuf > nc->credit) nc->credit = *nc->creditBuf;
   nc->creditPosted = 0;
+  if (net->hmemCopies) sendHead(net, nc);
 }
 
 static gcommResult_t postAll(gcommComm_t comm, struct gcommNet* net, int* moved) {
@@ -522,17 +702,28 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
     }
     if (n < 0)
       return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_cq_read: %s", fi_strerror((int)-n));
+#ifdef GCOMM_GPU
+    /* received into GPU memory by copies that may still run (providerCallsCuda): done before
+     * any tail advances */
+    int gpuRecv = 0;
+    for (ssize_t k = 0; k < n && net->hmemCopies && !gpuRecv; k++) {
+      netReq_t* req = (netReq_t*)ent[k].op_context;
+      gpuRecv = !req->isCredit && !req->nc->isSend;
+    }
+    if (gpuRecv) GCOMM_CHECK(gcommDeviceNetFence(comm));
+#endif
     for (ssize_t k = 0; k < n; k++) {
       netReq_t* req = (netReq_t*)ent[k].op_context;
       if (req->isCredit) {
-        completeCredit(req->nc);
+        completeCredit(net, req->nc);
         continue;
       }
       if (!req->nc->isSend && ent[k].len > req->nc->conn->slotBytes)
         return GCOMM_ERROR(comm, gcommInternalError, req->nc->peer, "received %zu bytes > slot",
                            ent[k].len);
       if (req->prof != NULL) gcommProfStop(comm, req->prof);
-      completeData(req, ent[k].len, (ent[k].flags & FI_REMOTE_CQ_DATA) ? (uint32_t)ent[k].data : 0);
+      completeData(net, req, ent[k].len,
+                   (ent[k].flags & FI_REMOTE_CQ_DATA) ? (uint32_t)ent[k].data : 0);
     }
     got = 1;
     if (n < 16) break;
@@ -550,8 +741,9 @@ int gcommNetSendsPending(gcommComm_t comm) {
   if (net == NULL || __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess) return 0;
   for (int i = 0; i < net->nConns; i++) {
     netConn_t* nc = net->conns[i];
+    /* a send FIFO's head may wait for a credit after its sends completed (sendHead) */
     if (nc->isSend ? __atomic_load_n(&nc->conn->fifo->tail, __ATOMIC_ACQUIRE) !=
-                         __atomic_load_n(&nc->conn->fifo->head, __ATOMIC_ACQUIRE)
+                         __atomic_load_n(&nc->done, __ATOMIC_RELAXED)
                    : creditDue(nc))
       return 1;
   }
@@ -584,7 +776,7 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
                           : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   if (res == gcommSuccess)
     res = regMem(comm, net, net->credits, (size_t)comm->nranks * comm->nLanes * sizeof(uint64_t),
-                 &net->creditMr, &net->creditDesc);
+                 -1, &net->creditMr, &net->creditDesc);
 
   /* every rank takes part in the exchange, failed or not, so that none waits alone */
   memset(&mine, 0, sizeof(mine));
@@ -617,7 +809,7 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
   }
   free(all);
   if (res != gcommSuccess) return res;
-  /* GPU communicators will stage through FIFOs of their own (gcommNetConnect) */
+  /* GPU communicators connect FIFOs of their own (transports/p2p.c, gcommNetConnect) */
   if (comm->device != GCOMM_DEVICE_HOST) return gcommSuccess;
   return connectHostFifos(comm, net, nRemote);
 }
@@ -633,7 +825,7 @@ void gcommNetFree(gcommComm_t comm) {
     if (nc->ownMem) munmap(nc->ownMem, nc->ownBytes);
     free(nc);
   }
-  if (net->mr) fi_close(&net->mr->fid);
+  for (int i = 0; i < net->nRegions; i++) fi_close(&net->regions[i].mr->fid);
   if (net->creditMr) fi_close(&net->creditMr->fid);
   if (net->av) fi_close(&net->av->fid);
   if (net->cq) fi_close(&net->cq->fid);
@@ -642,6 +834,7 @@ void gcommNetFree(gcommComm_t comm) {
   if (net->info) fi_freeinfo(net->info);
   if (net->region) munmap(net->region, net->regionBytes);
   free(net->conns);
+  free(net->regions);
   free(net->addrs);
   free(net->credits);
   free(net);

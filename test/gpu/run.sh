@@ -5,9 +5,9 @@
 # engines, the network. Logs go to $OUT (or ./gpu-logs).
 # Usage (from the repository root): bash test/gpu/run.sh
 # STAGES picks parts (default: all but knobs and channels): build test perf sweep knobs channels
-# large quick profiler sanitizer host p2pdisable ce net.
+# large quick profiler sanitizer host p2pdisable ce net hmem.
 # One device call may run 10 minutes: split the stages over two calls when all do not fit.
-STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host p2pdisable ce net"}
+STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host p2pdisable ce net hmem"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 B=${BUILD:-build-gpu}
@@ -146,6 +146,70 @@ if want net; then
     unset GCOMM_OFI_PROVIDER FI_TCP_IFACE
   fi
 fi
+# GPU communicators across 2 pretend nodes with the network FIFO slots in GPU memory (FI_HMEM,
+# GCOMM_NET_GDR), against the libfabric with CUDA in .devdeps-ofi (not in the repository: carried
+# beside .devdeps, its build script in .devdeps-ofi/share/; MPICH then runs on it too; libfabric
+# dlopens libcudart.so from $CUDA_HOME/lib64). Of its providers (tcp, rxm, shm) only shm
+# offers FI_HMEM: tcp does not, and rxm only over a core provider that does. shm copies GPU memory
+# with cudaMemcpy from the progress thread, so GCOMM_NET_GDR=auto keeps it staged (an INFO line
+# says why) and GCOMM_NET_GDR=1 takes it (the tests' streams are non-blocking). Checked: every
+# rank's INFO line shows its slots in GPU memory (any staged rank fails the stage), correctness at
+# 2 nodes x 1 and 2 x 2 ranks, GCOMM_NET_GDR=1 over tcp fails init, auto over shm stages; then the
+# bandwidth between the nodes, shm with FI_HMEM and staged, and tcp staged.
+# Runs in a subshell (its libfabric stays out of the other stages); a failure makes run.sh's exit
+# status non-zero.
+want hmem && ! (
+  BH=$B-hmem
+  node=$(mktemp -d)/node.sh
+  printf '#!/bin/bash\nr=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}\nexport GCOMM_HOSTID=node$((r / NET_RPN))\nexec "$@"\n' >"$node"
+  chmod +x "$node"
+  mkdir -p $BH/obj && cp -p $B/obj/gcomm_kernels.o $BH/obj/ 2>/dev/null
+  hmemfail=0
+  if [ -z "$MPIEXEC_MPICH" ] || [ ! -f .devdeps-ofi/setup.sh ]; then
+    echo "=== hmem: FAILED: no MPICH (.devdeps/setup.sh) or no .devdeps-ofi (a libfabric built with CUDA)" | tee -a "$OUT/summary.log"
+    hmemfail=1
+  else
+    source .devdeps-ofi/setup.sh   # OFI_CFLAGS, OFI_LIBS (rpath), LD_LIBRARY_PATH, fi_info
+    export LD_LIBRARY_PATH="${CUDA_HOME:-/usr/local/cuda}/lib64:$LD_LIBRARY_PATH"   # libfabric dlopens libcudart.so
+    { fi_info --version; FI_LOG_LEVEL=warn fi_info -c FI_HMEM -t FI_EP_RDM; } > "$OUT/hmem_fi_info.log" 2>&1
+    step build_hmem 300 make -j"$(nproc)" ${KEEP[0]:+-o $BH/obj/gcomm_kernels.o} CUDA=1 CUDA_ARCH=90 OFI=1 BUILD=$BH MPICC=gcc \
+      MPI_CFLAGS="$MPICH_CFLAGS" MPI_LIBS="$MPICH_LIBS" OFI_CFLAGS="$OFI_CFLAGS" OFI_LIBS="$OFI_LIBS" gpu-test || hmemfail=1
+  fi
+  # hmem_check LOG RANKS: every rank's network FIFO slots in GPU memory, none staged
+  hmem_check() {
+    local on off
+    on=$(grep -c "slots in GPU memory registered with FI_HMEM" "$OUT/$1.log")
+    off=$(grep -c "staged in pinned host memory" "$OUT/$1.log")
+    local ok=$([ "$on" -ge "$2" ] && [ "$off" = 0 ] && echo ok || echo FAILED)
+    echo "=== $1 FI_HMEM: $on communicators' slots in GPU memory (>= $2 expected), $off staged: $ok" | tee -a "$OUT/summary.log"
+    [ "$ok" = ok ]
+  }
+  if [ $hmemfail = 0 ]; then
+    export GCOMM_OFI_PROVIDER=shm GCOMM_NET_GDR=1 GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=INIT,NET
+    NET_RPN=1 TEST_NGPUS=1 step hmem_2n1r_1g 200 $MPIEXEC_MPICH -n 2 "$node" $BH/test/gpu/test_gpu --quick || hmemfail=1
+    hmem_check hmem_2n1r_1g 2 || hmemfail=1
+    NET_RPN=2 step hmem_2n2r_${NG}g 250 $MPIEXEC_MPICH -n 4 "$node" $BH/test/gpu/test_gpu --quick || hmemfail=1
+    hmem_check hmem_2n2r_${NG}g 4 || hmemfail=1
+    # required but not offered: init must fail, naming FI_HMEM
+    GCOMM_OFI_PROVIDER=tcp FI_TCP_IFACE=lo NET_RPN=1 TEST_NGPUS=1 step hmem_tcp_required 120 $MPIEXEC_MPICH -n 2 "$node" $BH/test/gpu/test_gpu --quick
+    r=$?; n=$(grep -c "GCOMM_NET_GDR=1 but provider .* does not offer FI_HMEM" "$OUT/hmem_tcp_required.log")
+    echo "=== hmem_tcp_required: rc=$r, $n ranks refused $([ $r != 0 ] && [ "$n" -ge 1 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
+    [ $r != 0 ] && [ "$n" -ge 1 ] || hmemfail=1
+    # auto with a provider that calls CUDA itself: staged, saying why
+    GCOMM_NET_GDR=auto NET_RPN=1 TEST_NGPUS=1 step hmem_shm_auto 120 $MPIEXEC_MPICH -n 2 "$node" $BH/gcomm_perf --coll allreduce -b 1M -e 1M -n 2 -w 1 --backend gcomm
+    n=$(grep -c "staged in pinned host memory .*no FI_HMEM: the provider moves GPU memory with CUDA calls" "$OUT/hmem_shm_auto.log")
+    echo "=== hmem_shm_auto: $n ranks staged with the reason $([ "$n" -ge 2 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
+    [ "$n" -ge 2 ] || hmemfail=1
+    unset GCOMM_DEBUG GCOMM_DEBUG_SUBSYS
+    # the bandwidth between the 2 nodes: FI_HMEM on and off over shm, and tcp (staged) beside them
+    for v in 1 0; do
+      GCOMM_NET_GDR=$v NET_RPN=1 TEST_NGPUS=1 step hmem_perf_shm_gdr$v 200 $MPIEXEC_MPICH -n 2 "$node" $BH/gcomm_perf --coll allreduce,sendrecv -b 1M -e 256M -f 4 -n 10 -w 3 --backend gcomm || hmemfail=1
+    done
+    GCOMM_OFI_PROVIDER=tcp FI_TCP_IFACE=lo GCOMM_NET_GDR=0 NET_RPN=1 TEST_NGPUS=1 step hmem_perf_tcp_gdr0 200 $MPIEXEC_MPICH -n 2 "$node" $BH/gcomm_perf --coll allreduce,sendrecv -b 1M -e 256M -f 4 -n 10 -w 3 --backend gcomm || hmemfail=1
+  fi
+  echo "=== hmem: $([ $hmemfail = 0 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
+  exit $hmemfail
+) && RC=1
 # host memory: gcomm beside MPICH's own collectives (16 cores here, unlike the 2-core CI machine)
 if want host && [ -n "$MPIEXEC_MPICH" ]; then
   step build_host 200 make -j"$(nproc)" BUILD=build-host MPICC=gcc MPI_CFLAGS="$MPICH_CFLAGS" MPI_LIBS="$MPICH_LIBS" build-host/gcomm_perf
@@ -153,4 +217,4 @@ if want host && [ -n "$MPIEXEC_MPICH" ]; then
     step host_perf_${n}r 120 $MPIEXEC_MPICH -n $n build-host/gcomm_perf --coll allreduce -b 1K -e 256M -f 4 -n 10 -w 3 --backend gcomm,mpi
   done
 fi
-true
+exit ${RC:-0}
