@@ -9,7 +9,8 @@
  *
  * Receiver: a fi_trecv is kept posted into every free slot, steps head .. head+STEPS-1. It tells
  * the sender how far it has posted: a credit, the count in an 8-byte fi_tinject (no completion,
- * no buffer to keep), sent once the sender may have only STEPS/2 receives left (creditDue). The
+ * no buffer to keep; a provider that injects nothing, shm with FI_HMEM, gets an fi_tsend, one in
+ * flight per connection), sent once the sender may have only STEPS/2 receives left (creditDue). The
  * first STEPS receives are posted when the edge is connected, before the ranks' barrier, so the
  * sender starts with STEPS credits. A completed
  * receive records its byte count in fifo->bytes[] and tail advances over the contiguous prefix of
@@ -86,12 +87,13 @@
 #define NET_ADDR_MAX 240
 
 typedef struct netConn netConn_t;
+enum { NET_CREDIT_RECV = 1, NET_CREDIT_SEND = 2 };
 typedef struct {
   struct fi_context2 ctx; /* first: the completion's op_context points here */
   netConn_t* nc;
   uint64_t step; /* a data message's step; the credit receive has none */
-  int isCredit;
-  void* prof; /* the profiler's Net event, or NULL */
+  int isCredit;  /* NET_CREDIT_RECV (a sending connection's), NET_CREDIT_SEND, or 0: data */
+  void* prof;    /* the profiler's Net event, or NULL */
 } netReq_t;
 
 struct netConn {
@@ -112,6 +114,10 @@ struct netConn {
   const char* refs[GCOMM_STEPS]; /* a host send FIFO's gcommConn_t.refs */
   netReq_t reqs[GCOMM_STEPS];
   netReq_t creditReq;
+  /* recv, with a provider that cannot inject 8 bytes: the credit in flight (fi_tsend reads it
+   * until its completion), and whether one is */
+  uint64_t creditSent;
+  int creditInFlight;
 };
 
 /* Memory registered once for the FIFO slots placed inside it (gcommNetRegister). */
@@ -337,8 +343,8 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   cqAttr.format = FI_CQ_FORMAT_TAGGED;
   cqAttr.wait_obj = FI_WAIT_NONE;
   /* at most STEPS data operations per connection, 2 connections per (peer, lane), one credit
-   * receive per sending connection */
-  cqAttr.size = (size_t)comm->nranks * comm->nLanes * (2 * GCOMM_STEPS + 1) + 64;
+   * receive per sending connection and one credit send per receiving one */
+  cqAttr.size = (size_t)comm->nranks * comm->nLanes * (2 * GCOMM_STEPS + 2) + 64;
   OFI_CHECK(fi_cq_open(net->domain, &cqAttr, &net->cq, NULL));
   OFI_CHECK(openEndpoint(comm, net));
 #ifdef GCOMM_GPU
@@ -360,9 +366,12 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   OFI_CHECK(fi_ep_bind(net->ep, &net->av->fid, 0));
   OFI_CHECK(fi_ep_bind(net->ep, &net->cq->fid, FI_TRANSMIT | FI_RECV));
   OFI_CHECK(fi_enable(net->ep));
-  if (net->info->tx_attr->inject_size < sizeof(uint64_t))
+  /* credits go by fi_tinject, or else by fi_tsend from host memory with no descriptor */
+  if (net->info->tx_attr->inject_size < sizeof(uint64_t) &&
+      (net->info->domain_attr->mr_mode & FI_MR_LOCAL))
     return GCOMM_ERROR(comm, gcommSystemError, -1,
-                       "provider %s cannot inject %zu bytes (credits need fi_tinject)",
+                       "provider %s can neither inject %zu bytes nor send them unregistered "
+                       "(FI_MR_LOCAL): credits cannot go",
                        net->info->fabric_attr->prov_name, sizeof(uint64_t));
   return gcommSuccess;
 }
@@ -449,7 +458,7 @@ static netReq_t* slotReq(netConn_t* nc, uint64_t s) {
 static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t* nc, int* moved) {
   if (!nc->creditPosted) {
     nc->creditReq.nc = nc;
-    nc->creditReq.isCredit = 1;
+    nc->creditReq.isCredit = NET_CREDIT_RECV;
     ssize_t rc = fi_trecv(net->ep, nc->creditBuf, sizeof(uint64_t), net->creditDesc, FI_ADDR_UNSPEC,
                           TAG_CREDIT | makeTag(nc->peer, nc->lane, 0), 0, &nc->creditReq.ctx);
     if (rc == 0) nc->creditPosted = 1;
@@ -509,11 +518,21 @@ static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t*
     __atomic_store_n(&nc->posted, s + 1, __ATOMIC_RELAXED); /* gcommNetSendsPending reads it */
     *moved = 1;
   }
-  if (creditDue(nc)) {
-    ssize_t rc = fi_tinject(net->ep, &nc->posted, sizeof(uint64_t), nc->addr,
-                            TAG_CREDIT | makeTag(comm->rank, nc->lane, 0));
+  if (creditDue(nc) && !nc->creditInFlight) {
+    uint64_t tag = TAG_CREDIT | makeTag(comm->rank, nc->lane, 0);
+    ssize_t rc;
+    if (net->info->tx_attr->inject_size >= sizeof(uint64_t)) {
+      rc = fi_tinject(net->ep, &nc->posted, sizeof(uint64_t), nc->addr, tag);
+    } else { /* shm with FI_HMEM injects nothing: a send, one in flight per connection */
+      nc->creditSent = nc->posted;
+      nc->creditReq.nc = nc;
+      nc->creditReq.isCredit = NET_CREDIT_SEND;
+      rc = fi_tsend(net->ep, &nc->creditSent, sizeof(uint64_t), NULL, nc->addr, tag,
+                    &nc->creditReq.ctx);
+      nc->creditInFlight = rc == 0;
+    }
     if (rc == 0) __atomic_store_n(&nc->credit, nc->posted, __ATOMIC_RELAXED);
-    if (rc != 0 && rc != -FI_EAGAIN) return postFailed(comm, nc, "fi_tinject (credit)", 0, rc);
+    if (rc != 0 && rc != -FI_EAGAIN) return postFailed(comm, nc, "credit", 0, rc);
   }
   return gcommSuccess;
 }
@@ -714,6 +733,10 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
 #endif
     for (ssize_t k = 0; k < n; k++) {
       netReq_t* req = (netReq_t*)ent[k].op_context;
+      if (req->isCredit == NET_CREDIT_SEND) { /* the next credit may go */
+        req->nc->creditInFlight = 0;
+        continue;
+      }
       if (req->isCredit) {
         completeCredit(net, req->nc);
         continue;
