@@ -660,10 +660,9 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
       const gcommStep_t& st = shSteps[s % NB];
       const size_t bytes = st.count * esz;
       const uint64_t word = GCOMM_SLOT_WORD(w.tag, bytes);
-      /* ---- where the step's data is: the FIFO counters. Every thread moves its step's
-       * counters after the step's last barrier, each to the same value, so that a thread already
-       * in the next step reads its own store or an equal one: a step needs that one barrier
-       * unless thread 0 must wait for something before the data moves. ---- */
+      /* ---- where the step's data is: the FIFO counters (thread 0 moved them after the previous
+       * step's data, then a barrier). Thread 0 waits, and a barrier follows, only when something
+       * must be awaited before the data moves. ---- */
       uint64_t recvStep[2] = {0, 0}, sendStep[2] = {0, 0};
       bool wait = false;
       for (int k = 0; k < 2; k++) {
@@ -774,26 +773,29 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
        * of the tail (system scope, cumulative), as NCCL's one fence per post does */
       __syncthreads();
       if (shDataFail) return;
-      for (int k = 0; k < 2; k++) {
-        if (st.sendPeer[k] >= 0) {
-          const gcommDevConn_t& c = sendC[st.sendPeer[k]];
-          if (tid == 0) {
+      if (tid == 0) {
+        for (int k = 0; k < 2; k++) {
+          if (st.sendPeer[k] >= 0) {
+            const gcommDevConn_t& c = sendC[st.sendPeer[k]];
             if (ll) { /* the flags carried the data; the tail only keeps count */
               *c.tail = sendStep[k] + 1;
             } else {
               c.bytes[sendStep[k] % GCOMM_STEPS] = word;
               stRelease(c.tail, sendStep[k] + 1);
             }
+            *c.step = sendStep[k] + 1;
           }
-          *c.step = sendStep[k] + 1;
-        }
-        if (st.recvPeer[k] >= 0) {
-          const gcommDevConn_t& c = recvC[st.recvPeer[k]];
-          /* relaxed: this block's reads of the slot are done (their values are used) */
-          if (tid == 0) *c.head = recvStep[k] + 1;
-          *c.step = recvStep[k] + 1;
+          if (st.recvPeer[k] >= 0) {
+            const gcommDevConn_t& c = recvC[st.recvPeer[k]];
+            /* relaxed: this block's reads of the slot are done (their values are used) */
+            *c.head = recvStep[k] + 1;
+            *c.step = recvStep[k] + 1;
+          }
         }
       }
+      /* the next step reads the counters thread 0 just moved (every thread moving them to the
+       * same value instead saves this barrier, but is a race by the letter: racecheck) */
+      __syncthreads();
     }
     /* ---- profiler: the work's stop, after its start (the host reads stop != 0 as done) ---- */
     if (a.times != NULL && tid == 0) {
