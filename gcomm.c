@@ -33,7 +33,7 @@
 
 enum { PARAM_INT, PARAM_SIZE, PARAM_ENUM, PARAM_STR, PARAM_LOG };
 
-static const char* const algoNames[] = {"ring", "tree", "direct", NULL};
+static const char* const algoNames[] = {"ring", "tree", "direct", "twoshot", NULL};
 static const char* const protoNames[] = {"simple", "ll", NULL};
 static const char* const proxyModeNames[] = {"thread", "poll", NULL};
 #if defined(GCOMM_GPU) && defined(GCOMM_OFI)
@@ -1620,7 +1620,9 @@ static int costTerms(int func, int algo, int n, double* hops, double* data) {
   switch (func) {
     case gcommFuncAllReduce:
       *hops = algo == gcommAlgoRing ? 2 * (n - 1) : algo == gcommAlgoTree ? 2 * log2Up(n) : 2;
-      *data = algo == gcommAlgoRing ? 4.0 * (n - 1) / n : algo == gcommAlgoTree ? 4 : 2.0 * (n - 1);
+      *data = algo == gcommAlgoRing || algo == gcommAlgoTwoShot ? 4.0 * (n - 1) / n
+              : algo == gcommAlgoTree                           ? 4
+                                                                : 2.0 * (n - 1);
       break;
     case gcommFuncBroadcast:
     case gcommFuncReduce:
@@ -1690,7 +1692,8 @@ static int chooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   double bestUs = predictUs(func, best, comm->nranks, (double)bytes);
   for (int a = 0; a < gcommNumAlgos; a++) {
     double us = predictUs(func, a, comm->nranks, (double)bytes);
-    if (us >= 0 && us < bestUs) best = a, bestUs = us;
+    /* two-shot only when forced (GCOMM_ALGO=twoshot) until it is measured */
+    if (us >= 0 && us < bestUs && a != gcommAlgoTwoShot) best = a, bestUs = us;
   }
   return best;
 }

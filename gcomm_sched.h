@@ -50,7 +50,13 @@ typedef enum {
   gcommNumFuncs
 } gcommFunc_t;
 
-typedef enum { gcommAlgoRing, gcommAlgoTree, gcommAlgoDirect, gcommNumAlgos } gcommAlgo_t;
+typedef enum {
+  gcommAlgoRing,
+  gcommAlgoTree,
+  gcommAlgoDirect,
+  gcommAlgoTwoShot, /* AllReduce: a direct reduce-scatter, then a direct all-gather */
+  gcommNumAlgos
+} gcommAlgo_t;
 
 /* How a FIFO slot carries data (GPU communicators; the host executor always uses Simple).
  * Simple: the payload, then a fence and the tail counter. LL (low latency): 16-byte lines of
@@ -107,12 +113,13 @@ GCOMM_HD size_t gcommMinSize(size_t a, size_t b) {
 GCOMM_HD int gcommSchedAlgo(int func, int algo) {
   switch (func) {
     case gcommFuncAllReduce:
-    case gcommFuncBroadcast:
-    case gcommFuncReduce:
       return algo;
+    case gcommFuncBroadcast:
+    case gcommFuncReduce: /* two-shot is AllReduce's: the others' direct form is their one shot */
+      return algo == gcommAlgoTwoShot ? gcommAlgoDirect : algo;
     case gcommFuncAllGather:
     case gcommFuncReduceScatter:
-      return algo == gcommAlgoDirect ? gcommAlgoDirect : gcommAlgoRing;
+      return algo == gcommAlgoDirect || algo == gcommAlgoTwoShot ? gcommAlgoDirect : gcommAlgoRing;
     default:
       return gcommAlgoDirect;
   }
@@ -120,8 +127,10 @@ GCOMM_HD int gcommSchedAlgo(int func, int algo) {
 
 /* Chunks of the channel range; a ring AllReduce moves nranks chunks per round. */
 GCOMM_HD size_t gcommSchedRoundElems(const gcommSched_t* s) {
-  return (s->func == gcommFuncAllReduce && s->algo == gcommAlgoRing) ? s->chunk * s->nranks
-                                                                     : s->chunk;
+  return (s->func == gcommFuncAllReduce &&
+          (s->algo == gcommAlgoRing || s->algo == gcommAlgoTwoShot))
+             ? s->chunk * s->nranks
+             : s->chunk;
 }
 
 /* Steps one round (one chunk of the channel range) takes on this rank. */
@@ -131,6 +140,7 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
   switch (s->func) {
     case gcommFuncAllReduce:
       if (s->algo == gcommAlgoDirect) return n == 2 ? 2 : 2 * ((n + 1) / 2);
+      if (s->algo == gcommAlgoTwoShot) return (2 * n - 2) + (2 * n - 1);
       return s->algo == gcommAlgoTree ? 2 : 2 * n - 1;
     case gcommFuncBroadcast:
       return (s->algo == gcommAlgoDirect && r == s->root) ? n : 1;
@@ -281,6 +291,49 @@ GCOMM_HD void gcommDirectExchange(int r, int n, long t, size_t blk, size_t R, si
   st->dstOff = p * R + off;
 }
 
+/* A round of c elements cut into n blocks of a multiple of align (the last ones shorter or empty):
+ * the block size, and where block k starts. */
+GCOMM_HD size_t gcommRankBlock(size_t c, int n, size_t align) {
+  return gcommDivUp(gcommDivUp(c, n), align) * align;
+}
+GCOMM_HD size_t gcommBlockStart(size_t c, size_t pc, int k) {
+  return gcommMinSize(c, pc * (size_t)k);
+}
+
+/* Two-shot AllReduce, one round of c elements cut into n blocks (as the ring's): first a direct
+ * reduction of block r (gcommDirectReduce's order: send block p to rank p, then reduce what every
+ * other rank sent, into output block r), then a direct exchange of the finished block r
+ * (gcommDirectExchange's order: send it to every rank, then receive every other rank's). Two
+ * hops instead of the ring's 2(n-1); each block is reduced by one rank and copied to the others,
+ * so every rank gets the same bits. In place, input block p is sent before output block p is
+ * written. */
+GCOMM_HD void gcommTwoShotStep(int r, int n, long t, size_t off, size_t c, size_t align,
+                               gcommStep_t* st) {
+  size_t pc = gcommRankBlock(c, n, align);
+  if (t < 2 * n - 2) { /* reduce-scatter */
+    gcommDirectReduce(r, n, t, 0, 0, st);
+    int k = t < n - 1 ? st->sendPeer[0] : r; /* the block this step moves */
+    st->srcOff = off + gcommBlockStart(c, pc, k);
+    st->dstOff = off + gcommBlockStart(c, pc, r);
+    st->count = gcommBlockStart(c, pc, k + 1) - gcommBlockStart(c, pc, k);
+    return;
+  }
+  int sending, p = gcommDirectPeer(r, n, t - (2 * n - 2), &sending);
+  if (sending) { /* block r, finished, to rank p */
+    st->src = GCOMM_BUF_OUT;
+    st->srcOff = off + gcommBlockStart(c, pc, r);
+    st->count = gcommBlockStart(c, pc, r + 1) - gcommBlockStart(c, pc, r);
+    st->sendPeer[0] = p;
+  } else if (p == r) { /* its own block is in place already */
+    st->count = 0;
+  } else { /* rank p's block */
+    st->recvPeer[0] = p;
+    st->dst = GCOMM_BUF_OUT;
+    st->dstOff = off + gcommBlockStart(c, pc, p);
+    st->count = gcommBlockStart(c, pc, p + 1) - gcommBlockStart(c, pc, p);
+  }
+}
+
 /* Step number `step` (0 <= step < gcommSchedNumSteps) of this rank. */
 GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* st) {
   int n = s->nranks, r = s->rank;
@@ -321,16 +374,16 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
     case gcommFuncAllReduce:
       if (s->algo == gcommAlgoRing) {
         /* reduce-scatter then all-gather; rank r ends the reduction of chunk r */
-        size_t pc = gcommDivUp(gcommDivUp(c, n), s->align) * s->align; /* per-rank chunk */
-        int k; /* which rank's chunk this step handles */
+        size_t pc = gcommRankBlock(c, n, s->align); /* per-rank chunk */
+        int k;                                      /* which rank's chunk this step handles */
         if (t < n)
           k = gcommMod(r - 1 - (int)t, n);
         else
           k = gcommMod(r - (int)(t - n + 1), n);
         if (t == n - 1) k = r;
         if (t == 2 * n - 2) k = next;
-        st->srcOff = st->dstOff = off + gcommMinSize(c, pc * k);
-        st->count = gcommMinSize(c, pc * (k + 1)) - gcommMinSize(c, pc * k);
+        st->srcOff = st->dstOff = off + gcommBlockStart(c, pc, k);
+        st->count = gcommBlockStart(c, pc, k + 1) - gcommBlockStart(c, pc, k);
         if (t > 0) st->recvPeer[0] = prev;
         if (t < 2 * n - 2) st->sendPeer[0] = next;
         if (t < n) {
@@ -343,6 +396,8 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
         gcommSched_t up = *s;
         up.root = 0;
         gcommTreeStep(&up, t == 0, GCOMM_BUF_OUT, off, c, st);
+      } else if (s->algo == gcommAlgoTwoShot) {
+        gcommTwoShotStep(r, n, t, off, c, s->align, st);
       } else {
         if (n == 2)
           gcommDirectReduce(r, n, t, 0, off, st); /* x0 op x1 == x1 op x0: the same bits */

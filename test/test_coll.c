@@ -34,7 +34,7 @@
 
 #define N(a) (int)(sizeof(a) / sizeof((a)[0]))
 
-enum { RING = 1, TREE = 2, DIRECT = 4 };
+enum { RING = 1, TREE = 2, DIRECT = 4, TWOSHOT = 8 };
 
 typedef enum {
   ALLREDUCE,
@@ -61,7 +61,7 @@ typedef struct {
 
 static const Coll colls[NCOLLS] = {
     /*                 name      reduce root algorithms     inpl sendN recvN sendR recvR */
-    [ALLREDUCE] = {"allreduce", 1, 0, RING | TREE | DIRECT, 1, 0, 0, 0, 0},
+    [ALLREDUCE] = {"allreduce", 1, 0, RING | TREE | DIRECT | TWOSHOT, 1, 0, 0, 0, 0},
     [BROADCAST] = {"broadcast", 0, 1, RING | TREE | DIRECT, 1, 0, 0, 0, 0},
     [REDUCE] = {"reduce", 1, 1, RING | TREE | DIRECT, 1, 0, 0, 0, 1},
     [ALLGATHER] = {"allgather", 0, 0, RING | DIRECT, 1, 0, 1, 0, 0},
@@ -671,6 +671,7 @@ int main(int argc, char** argv) {
       {"tree", TREE, "GCOMM_ALGO=tree", -1, 0, SMALL | LARGE | REAL | ROUND},
       {"direct/poll", DIRECT, "GCOMM_ALGO=direct", GCOMM_PROXY_POLL, 0,
        SMALL | LARGE | REAL | ROUND},
+      {"twoshot", TWOSHOT, "GCOMM_ALGO=twoshot", -1, 0, SMALL | LARGE | REAL | ROUND},
       {"auto", 0, "", -1, 1, SMALL | MPICMP},
       {"ring/4k/1ch/poll", RING, "GCOMM_ALGO=ring GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=1",
        GCOMM_PROXY_POLL, 0, PIPE},
@@ -678,6 +679,8 @@ int main(int argc, char** argv) {
       {"tree/4k/2ch", TREE, "GCOMM_ALGO=tree GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=2", -1, 0, PIPE},
       {"direct/4k/3ch", DIRECT, "GCOMM_ALGO=direct GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=3", -1, 0,
        PIPE},
+      {"twoshot/4k/3ch/poll", TWOSHOT, "GCOMM_ALGO=twoshot GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=3",
+       GCOMM_PROXY_POLL, 0, PIPE},
       {"auto/4k/16ch/poll", 0, "GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=16", GCOMM_PROXY_POLL, 0, PIPE},
   };
   for (int v = 0; v < N(variants); v++) {

@@ -291,13 +291,14 @@ int main(int argc, char** argv) {
 
   /* every algorithm x protocol forced in turn, then the cost model's own choices (which mix
    * protocols on the same connections as the size changes) */
-  const char* algos[] = {"ring", "tree", "direct", "ring", "tree", "direct", "auto"};
-  const char* protos[] = {"simple", "simple", "simple", "ll", "ll", "ll", "auto"};
+  const char* algos[] = {"ring", "tree",   "direct",  "twoshot", "ring",
+                         "tree", "direct", "twoshot", "auto"};
+  const char* protos[] = {"simple", "simple", "simple", "simple", "ll", "ll", "ll", "ll", "auto"};
   int seed = 1;
-  for (int a = 0; a < 7; a++) {
+  for (int a = 0; a < 9; a++) {
     char what[32];
     snprintf(what, sizeof(what), "%s/%s", algos[a], protos[a]);
-    if (a < 6) {
+    if (a < 8) {
       setenv("GCOMM_ALGO", algos[a], 1);
       setenv("GCOMM_PROTO", protos[a], 1);
     } else {
