@@ -294,11 +294,12 @@ int main(int argc, char** argv) {
   const char* algos[] = {"ring", "tree",   "direct",  "twoshot", "ring",
                          "tree", "direct", "twoshot", "auto"};
   const char* protos[] = {"simple", "simple", "simple", "simple", "ll", "ll", "ll", "ll", "auto"};
+  const int nRuns = (int)(sizeof(algos) / sizeof(algos[0])); /* the last: the cost model's */
   int seed = 1;
-  for (int a = 0; a < 9; a++) {
+  for (int a = 0; a < nRuns; a++) {
     char what[32];
     snprintf(what, sizeof(what), "%s/%s", algos[a], protos[a]);
-    if (a < 8) {
+    if (a < nRuns - 1) {
       setenv("GCOMM_ALGO", algos[a], 1);
       setenv("GCOMM_PROTO", protos[a], 1);
     } else {
