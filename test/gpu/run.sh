@@ -4,8 +4,8 @@
 # on 2 GPUs and 2 ranks on 1 GPU, then compute-sanitizer, staging through host memory, copy
 # engines, the network. Logs go to $OUT (or ./gpu-logs).
 # Usage (from the repository root): bash test/gpu/run.sh
-# STAGES picks parts (default: all but knobs and channels): build test perf sweep knobs channels
-# large quick profiler sanitizer host p2pdisable ce net hmem.
+# STAGES picks parts (default: all but knobs, channels and algos): build test perf sweep knobs
+# channels algos large quick profiler sanitizer host p2pdisable ce net hmem.
 # One device call may run 10 minutes: split the stages over two calls when all do not fit.
 STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host p2pdisable ce net hmem"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -64,6 +64,14 @@ if want channels; then
   for c in ${CHANNELS:-16 48 64}; do
     GCOMM_NCHANNELS=$c step channels_${NR}r_$c 120 $RUN $NR -x GCOMM_NCHANNELS $B/gcomm_perf --coll allreduce,reduce,reducescatter,broadcast,alltoall -b 256M -e 256M -n 10 -w 3 -c 0 --backend gcomm
   done
+fi
+# the all-reduce algorithms forced in turn beside the cost model's choice and NCCL (small and
+# medium sizes, where one-shot, two-shot and the ring differ)
+if want algos; then
+  for a in ring direct twoshot; do
+    GCOMM_ALGO=$a step algo_${NR}r_$a 150 $RUN $NR $PASSENV -x GCOMM_ALGO $B/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 -n 50 -w 10 --backend gcomm
+  done
+  step algo_${NR}r_auto 150 $RUN $NR $B/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 -n 50 -w 10 --backend $PERFBACK
 fi
 want large && step perf_${NR}r_large 300 $RUN $NR $B/gcomm_perf --coll all -b 64M -e 4G -f 4 -n 10 -w 3 -c 0 --backend $PERFBACK
 want quick && step quick_4r${NG}g 200 $RUN 4 $B/test/gpu/test_gpu --quick
