@@ -1282,6 +1282,13 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
 }
 #endif
 
+/* Whether the user chose the channel count (GCOMM_NCHANNELS or config.nChannels): defaults that
+ * depend on the communicator's shape then stay out of the way. */
+static int channelsChosen(const gcommConfig_t* config) {
+  return getenv("GCOMM_NCHANNELS") != NULL ||
+         (config != NULL && config->nChannels != GCOMM_CONFIG_UNDEF_INT);
+}
+
 /* Everything after the MPI communicator exists; on failure the caller frees comm. */
 static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   static int commCounter;
@@ -1302,10 +1309,19 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   GCOMM_CHECK(agree(comm, gcommDeviceSelect(comm, config), "GPU selection"));
   int gpuChannels = 0;
   GCOMM_CHECK(gpuDefaultChannels(comm, hostId, &gpuChannels)); /* every rank: an MPI call */
-  if (comm->device >= 0 && getenv("GCOMM_NCHANNELS") == NULL &&
-      (config == NULL || config->nChannels == GCOMM_CONFIG_UNDEF_INT))
-    comm->params.nChannels = gpuChannels;
+  if (comm->device >= 0 && !channelsChosen(config)) comm->params.nChannels = gpuChannels;
   if (comm->device >= 0 && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
+#endif
+#ifdef GCOMM_OFI
+  /* host communicators between nodes: one channel. Every lane to a peer shares its one
+   * connection, and one thread moves them all; against 2 channels a 4 MB all-reduce over tcp took
+   * less CPU in 9 of 9 adjacent pairs of runs, 16 MB in 3 of 4 (docs/PERF.md). 256 KB slots, each
+   * one eager message (transports/net_ofi.c); against 512 KB, 4-16 MB all-reduces were 10-25%
+   * faster, 1 and 64 MB level, 128 KB no better. GPU communicators keep theirs (above). */
+  if (spansNodes(comm) && comm->device < 0) {
+    if (!channelsChosen(config)) comm->params.nChannels = 1;
+    if (getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 2 << 20;
+  }
 #endif
   comm->nChannels = comm->params.nChannels;
   /* lanes [0, nChannels) carry collectives, [nChannels, nChannels + nP2pChannels) point-to-point */
@@ -1321,13 +1337,6 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   }
 #endif
   comm->nLanes = comm->nChannels + comm->nP2pChannels;
-#ifdef GCOMM_OFI
-  /* host communicators between nodes: 256 KB slots, each one eager message (transports/
-   * net_ofi.c); against 512 KB, 4-16 MB all-reduces were 10-25% faster, 1 and 64 MB level, 128 KB
-   * no better (docs/PERF.md). GPU communicators keep their 4 MB FIFOs (above). */
-  if (spansNodes(comm) && comm->device < 0 && getenv("GCOMM_BUFFSIZE") == NULL)
-    comm->params.buffSize = 2 << 20;
-#endif
   comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
 
   memset(&card, 0, sizeof(card));

@@ -11,8 +11,9 @@
 #
 # Environment: BUILD (default build-ofi; built with `make OFI=1 BUILD=build-ofi`), MPIEXEC,
 #   TEST_NET_CONFIGS  provider:nodes x ranks-per-node list, each optionally followed by /unshared
-#                     (GCOMM_NET_SHARED_BUFFERS=0) (default "tcp:2x1 tcp:2x2 shm:2x2/unshared
-#                     shm:3x1 tcp:4x1")
+#                     (GCOMM_NET_SHARED_BUFFERS=0) and /chN (GCOMM_NCHANNELS=N: host communicators
+#                     between nodes default to one channel) (default "tcp:2x1 tcp:2x2/ch2
+#                     shm:2x2/unshared shm:3x1 tcp:4x1")
 #   TEST_NET_KILLS    the same for the kill test, /poll for a polled communicator (default
 #                     "tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll")
 #   (an empty TEST_NET_CONFIGS or TEST_NET_KILLS skips that part)
@@ -28,7 +29,7 @@ set -u
 BUILD=${BUILD:-build-ofi}
 MPIEXEC=${MPIEXEC:-mpiexec}
 TIMEOUT=${TEST_TIMEOUT:-900}
-CONFIGS=${TEST_NET_CONFIGS-"tcp:2x1 tcp:2x2 shm:2x2/unshared shm:3x1 tcp:4x1"}
+CONFIGS=${TEST_NET_CONFIGS-"tcp:2x1 tcp:2x2/ch2 shm:2x2/unshared shm:3x1 tcp:4x1"}
 KILLS=${TEST_NET_KILLS-"tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll"}
 PROGS=${TEST_NET_PROGS:-"test_coll test_p2p"}
 FAULTS=${TEST_NET_FAULTS-"tcp:2x1 shm:2x1"}
@@ -65,11 +66,13 @@ passed=0
 failed=0
 fail() { echo "FAIL $*"; failed=$((failed + 1)); }
 
-# config "prov:NxR[/poll][/unshared]" -> provider, nodes, ranks per node, poll, shared buffers
+# config "prov:NxR[/poll][/unshared][/chN]" -> provider, nodes, ranks per node, poll, shared
+# buffers, channels (empty: the default)
 parse() {
   prov=${1%%:*}
   local shape=${1#*:}
-  poll=0 shared=1
+  poll=0 shared=1 channels=
+  case $shape in */ch*) channels=${shape##*/ch} shape=${shape%/ch*} ;; esac
   case $shape in */unshared) shared=0 shape=${shape%/unshared} ;; esac
   case $shape in */poll) poll=1 shape=${shape%/poll} ;; esac
   nodes=${shape%x*}
@@ -78,14 +81,15 @@ parse() {
 }
 
 provenv() {
-  echo "GCOMM_OFI_PROVIDER=$prov TEST_NET_RPN=$rpn GCOMM_NET_SHARED_BUFFERS=$shared TEST_FAULT_NET=1"
+  echo "GCOMM_OFI_PROVIDER=$prov TEST_NET_RPN=$rpn GCOMM_NET_SHARED_BUFFERS=$shared TEST_FAULT_NET=1" \
+    "${channels:+GCOMM_NCHANNELS=$channels}"
 }
 
 # runs one correctness program over config $cfg (parsed)
 runProg() {
   local prog=$1
   [ -x "$BUILD/test/$prog" ] || { fail "$prog: not built in $BUILD/test"; return; }
-  echo "== $prog over $prov: $nodes pretend nodes x $rpn ranks$([ $shared = 0 ] && echo ", a registration per FIFO")"
+  echo "== $prog over $prov: $nodes pretend nodes x $rpn ranks$([ $shared = 0 ] && echo ", a registration per FIFO")${channels:+, $channels channels}"
   t0=$(date +%s)
   env $(provenv) timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" \
     -n "$n" "$tmp/node.sh" "$BUILD/test/$prog" 2>&1 | tee "$out"
