@@ -512,6 +512,62 @@ static int refOverlaps(gcommComm_t comm, int lane, const char* p, size_t len) {
   return -1;
 }
 
+#ifdef GCOMM_OFI
+/* Whether [a, a + alen) and [b, b + blen) share a byte. */
+static int rangesMeet(const char* a, size_t alen, const char* b, size_t blen) {
+  return a != NULL && b != NULL && a < b + blen && b < a + alen;
+}
+
+/* The last step of an all-gather phase copies what arrives into the output, half of what a rank
+ * receives in a 2-rank all-reduce: received there directly, that copy goes. A receive is posted
+ * as its slot frees, often during the operation whose step it serves; that operation's work at
+ * the head of the lane's queue tells which of its steps takes the FIFO's step s (the steps from
+ * the current one, counting those that receive from the peer). The data lands whenever the
+ * message comes, before that step runs: so no step before it may read or write that memory, and
+ * no send by reference may still read it. After a failure such a receive may stay posted into
+ * the caller's memory until the communicator is destroyed (as MPI's would). */
+char* gcommNetDirectTarget(gcommComm_t comm, const gcommConn_t* c, uint64_t s, size_t* bytes) {
+  enum { LOOKAHEAD = 64 }; /* steps examined: a receive is at most GCOMM_STEPS ahead */
+  int lane = (int)(c - comm->recvConns) / comm->nranks;
+  gcommWork_t* w = lane < comm->nChannels ? comm->queues[lane].head : NULL;
+  if (w == NULL || s < c->step) return NULL;
+  const gcommOp_t* op = w->op;
+  size_t esz = gcommTypeSize(op->datatype);
+  struct {
+    const char* p;
+    size_t len;
+  } touched[2 * LOOKAHEAD];
+  int nTouched = 0;
+  uint64_t at = c->step; /* the FIFO step the next receive from c->peer drains */
+  for (long k = w->step; k < w->nSteps && k < w->step + LOOKAHEAD; k++) {
+    gcommStep_t st;
+    gcommSchedGetStep(&w->sched, k, &st);
+    int fromPeer = st.recvPeer[0] == c->peer || st.recvPeer[1] == c->peer;
+    char* src = opBuffer(op, st.src);
+    char* dst = opBuffer(op, st.dst);
+    size_t len = st.count * esz;
+    if (src) src += st.srcOff * esz;
+    if (dst) dst += st.dstOff * esz;
+    if (!fromPeer || at < s) {
+      at += fromPeer;
+      touched[nTouched].p = src, touched[nTouched++].len = len;
+      touched[nTouched].p = dst, touched[nTouched++].len = len;
+      continue;
+    }
+    /* step k takes FIFO step s: a plain copy of the message into the output */
+    if (st.recvPeer[1] >= 0 || st.reduce || st.postOp || src != NULL || dst == NULL || len == 0 ||
+        len > c->slotBytes)
+      return NULL;
+    for (int i = 0; i < nTouched; i++)
+      if (rangesMeet(touched[i].p, touched[i].len, dst, len)) return NULL;
+    if (refOverlaps(comm, lane, dst, len) >= 0) return NULL;
+    *bytes = len;
+    return dst;
+  }
+  return NULL;
+}
+#endif
+
 /* A step is ready when every FIFO it reads holds a slot, every FIFO it writes has room, and no
  * network send still reads the memory it writes (a send by reference: the next steps of an
  * in-place operation rewrite its input). Returns the peer it waits on (and whether for a
@@ -614,7 +670,8 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
                              typeNames[op->datatype], opNames[op->redop], op->root, w->lane,
                              w->step, peer, what);
       }
-      in[nIn++] = slotOf(c);
+      in[nIn++] = c->landed && c->landed[c->step % GCOMM_STEPS] ? c->landed[c->step % GCOMM_STEPS]
+                                                                : slotOf(c);
     }
     if (st->sendPeer[i] >= 0) {
       outConn[nOut] = sendConn(comm, w->lane, st->sendPeer[i]);
@@ -630,7 +687,7 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
     if (nIn == 0) {
       if (value != src) memcpy(value, src, bytes);
     } else if (!st->reduce) {
-      memcpy(value, in[0], bytes);
+      if (value != in[0]) memcpy(value, in[0], bytes); /* else received in place */
     } else {
       reduceFn_t fn = reduceTable[op->datatype][op->redop];
       if (src != NULL) { /* src op in0 [op in1] */
@@ -1312,7 +1369,6 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   if (comm->device >= 0 && !channelsChosen(config)) comm->params.nChannels = gpuChannels;
   if (comm->device >= 0 && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
 #endif
-#ifdef GCOMM_OFI
   /* host communicators between nodes: one channel. Every lane to a peer shares its one
    * connection, and one thread moves them all; against 2 channels a 4 MB all-reduce over tcp took
    * less CPU in 9 of 9 adjacent pairs of runs, 16 MB in 3 of 4 (docs/PERF.md). 256 KB slots, each
@@ -1322,7 +1378,6 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
     if (!channelsChosen(config)) comm->params.nChannels = 1;
     if (getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 2 << 20;
   }
-#endif
   comm->nChannels = comm->params.nChannels;
   /* lanes [0, nChannels) carry collectives, [nChannels, nChannels + nP2pChannels) point-to-point */
   comm->nP2pChannels = comm->nChannels;

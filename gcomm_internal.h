@@ -119,6 +119,11 @@ typedef struct {
    * elsewhere. */
   const char** refs;
   uint64_t refUntil;
+  /* A network receive FIFO whose provider receives into any memory (transports/net_ofi.c): where
+   * the message of each slot's step was received, when not in the slot: the caller's memory the
+   * step writes (gcommNetDirectTarget chose it as the receive was posted), else NULL. NULL
+   * elsewhere. */
+  char** landed;
 } gcommConn_t;
 
 /* ---- Operations ----
@@ -329,6 +334,11 @@ gcommResult_t gcommDeviceNetFence(gcommComm_t comm);
  * completion queue, advances head (sends) and tail (receives). Sets *moved when anything
  * happened. An error completion names the peer. */
 gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved);
+/* gcomm.c, for the receive of step s of the network receive FIFO c (c->landed set) as it is
+ * posted: the caller's memory that step's message may land in directly, or NULL (the slot). Its
+ * byte count goes to *bytes. Only the step of the operation under way that copies the message to
+ * its output, unread by anything before it; the executor then copies nothing. */
+char* gcommNetDirectTarget(gcommComm_t comm, const gcommConn_t* c, uint64_t s, size_t* bytes);
 /* Whether filled slots are not all sent or credits not all told (0 once the comm failed): the
  * engine must keep running for them even when every operation has finished. */
 int gcommNetSendsPending(gcommComm_t comm);

@@ -112,6 +112,7 @@ struct netConn {
   uint64_t* creditBuf; /* send: where the credit receive lands (registered) */
   uint8_t complete[GCOMM_STEPS];
   const char* refs[GCOMM_STEPS]; /* a host send FIFO's gcommConn_t.refs */
+  char* landed[GCOMM_STEPS];     /* a host receive FIFO's gcommConn_t.landed */
   netReq_t reqs[GCOMM_STEPS];
   netReq_t creditReq;
   /* recv, with a provider that cannot inject 8 bytes: the credit in flight (fi_tsend reads it
@@ -507,13 +508,16 @@ static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t*
     uint64_t s = nc->posted;
     int slot = (int)(s % GCOMM_STEPS);
     netReq_t* req = slotReq(nc, s);
-    ssize_t rc =
-        fi_trecv(net->ep, nc->conn->slots + (size_t)slot * nc->conn->slotBytes, nc->conn->slotBytes,
-                 nc->desc, FI_ADDR_UNSPEC, makeTag(nc->peer, nc->lane, s), 0, &req->ctx);
+    size_t len = nc->conn->slotBytes;
+    char* to = nc->conn->landed ? gcommNetDirectTarget(comm, nc->conn, s, &len) : NULL;
+    ssize_t rc = fi_trecv(net->ep, to ? to : nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
+                          len, to ? NULL : nc->desc, FI_ADDR_UNSPEC, makeTag(nc->peer, nc->lane, s),
+                          0, &req->ctx);
     if (rc == -FI_EAGAIN) break;
     if (rc != 0) return postFailed(comm, nc, "fi_trecv", s, rc);
+    if (nc->conn->landed) nc->conn->landed[slot] = to;
     req->prof = GCOMM_PROF_ON(comm, gcommProfileNet)
-                    ? gcommProfNetStart(comm, nc->peer, nc->lane, s, nc->conn->slotBytes, 0)
+                    ? gcommProfNetStart(comm, nc->peer, nc->lane, s, len, 0)
                     : NULL;
     __atomic_store_n(&nc->posted, s + 1, __ATOMIC_RELAXED); /* gcommNetSendsPending reads it */
     *moved = 1;
@@ -629,9 +633,14 @@ static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, in
         c->slotBytes = comm->slotBytes;
         c->peer = p;
         gcommResult_t res = gcommNetConnect(comm, c, p, lane, isSend);
-        /* sends from the caller's buffers need a provider that wants no registration for them */
-        if (res == gcommSuccess && isSend && !(net->info->domain_attr->mr_mode & FI_MR_LOCAL))
-          c->refs = net->conns[net->nConns - 1]->refs;
+        /* sends from and receives into the caller's buffers need a provider that wants no
+         * registration for them */
+        if (res == gcommSuccess && !(net->info->domain_attr->mr_mode & FI_MR_LOCAL)) {
+          if (isSend)
+            c->refs = net->conns[net->nConns - 1]->refs;
+          else
+            c->landed = net->conns[net->nConns - 1]->landed;
+        }
         if (!shared && res == gcommSuccess) {
           net->conns[net->nConns - 1]->ownMem = base;
           net->conns[net->nConns - 1]->ownBytes = fb;
@@ -710,6 +719,11 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
       int peer = req ? req->nc->peer : -1;
       char buf[256];
       const char* what = fi_cq_strerror(net->cq, e.prov_errno, e.err_data, buf, sizeof(buf));
+      /* a receive into the caller's memory (gcommNetDirectTarget) takes the expected size only */
+      if (e.err == FI_ETRUNC && req && !req->isCredit && !req->nc->isSend)
+        what =
+            "the message is longer than this rank's call expects: the ranks made different "
+            "calls (counts)";
       return GCOMM_ERROR(comm, gcommRemoteError, peer,
                          "network %s %s rank %d failed on lane %d step %llu: %s (%s)",
                          req && req->isCredit     ? "credit"
