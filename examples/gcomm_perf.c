@@ -4,6 +4,8 @@
  * nccl-tests' flags and output format, for every collective, timing gcomm and, in the same run
  * and the same harness, the MPI library's own collectives (and NCCL, when built with
  * -DGCOMM_PERF_NCCL). Each backend prints its own table, so that the tables compare line by line.
+ * The backends take turns size by size, not one whole sweep after another: a shared or virtual
+ * machine drifts over seconds, while measurements adjacent in time share the machine's state.
  *
  *   mpiexec -n 4 build/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
  *
@@ -14,7 +16,7 @@
  *   data           the input of every rank (regenerable anywhere) and the expected results
  *   backends       gcomm, MPI, NCCL: open, close, completion, one runner per collective
  *   collectives    the table: name, shape of the buffers, busbw factor, expected values, runners
- *   harness        sizing, timing, checking, printing a row, a table, the whole run
+ *   harness        sizing, timing, checking, a row, a table, backends in turn, the whole run
  *
  * Sizes, counts, algbw and busbw follow nccl-tests: for allgather, gather, reducescatter, scatter
  * and alltoall the size column is the largest buffer (nranks blocks) and count is one block; the
@@ -1191,11 +1193,55 @@ static double aggregateTime(double sec) {
   return opt.average == 1 ? sec / world.nranks : sec;
 }
 
-/* Totals of one table. */
+/* One backend's table of a collective: its text and its totals. Only rank 0 keeps text, as only
+ * it prints. The first table of a collective is printed as it is measured, as with one backend;
+ * the others are kept until the collective's sweep is done, so that each still prints whole. */
 typedef struct {
+  char* text;
+  size_t len, cap;
+  int live; /* printed as it comes, not kept */
   double bwSum;
   int bwCount, errors;
 } Table;
+
+/* Adds to a table as printf would: printed now when live, else kept. */
+static void tableAdd(Table* table, const char* fmt, ...) {
+  va_list ap, again;
+  int n;
+  if (world.rank != 0) return;
+  va_start(ap, fmt);
+  if (table->live) {
+    vprintf(fmt, ap);
+    va_end(ap);
+    return;
+  }
+  va_copy(again, ap);
+  n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (n < 0) die("cannot format a line of a table");
+  if (table->len + (size_t)n + 1 > table->cap) {
+    table->cap = 2 * (table->len + (size_t)n + 1);
+    table->text = realloc(table->text, table->cap);
+    if (table->text == NULL) die("out of host memory");
+  }
+  vsnprintf(table->text + table->len, table->cap - table->len, fmt, again);
+  va_end(again);
+  table->len += (size_t)n;
+}
+
+/* Prints what was kept of a table, and lets go of it. */
+static void printTable(Table* table) {
+  if (table->text) fputs(table->text, stdout);
+  free(table->text);
+  table->text = NULL, table->len = table->cap = 0;
+}
+
+/* A backend taking part in a collective's sweep: its buffers and its table. */
+typedef struct {
+  const Backend* be;
+  void *sendBuf, *recvBuf;
+  Table table;
+} Lane;
 
 /* nccl-tests' number format: the most decimals (2, 1, 0) that fit the width, else exponent. */
 static void formatNumber(char* out, int width, double v) {
@@ -1205,14 +1251,16 @@ static void formatNumber(char* out, int width, double v) {
   snprintf(out, (size_t)width + 1, width >= 7 ? "%*.1e" : "%*.0e", width, v);
 }
 
-/* Times, checks and prints one half of a row (out of place or in place). */
-static void measure(Test* t, Table* table) {
+/* Times, checks and adds to the lane's table one half of a row (out of place or in place). */
+static void measure(Test* t, Lane* lane, int inPlace) {
+  Table* table = &lane->table;
   char timeStr[16], algStr[16], busStr[16];
   long long wrong = 0;
-  int checked = opt.check > 0 && !(t->inPlace && t->coll->inPlaceUndefined);
+  int checked = opt.check > 0 && !(inPlace && t->coll->inPlaceUndefined);
   double sec, algBw, busBw;
+  t->be = lane->be, t->sendBuf = lane->sendBuf, t->recvBuf = lane->recvBuf, t->inPlace = inPlace;
   if (t->inPlace && ((t->coll->noInPlace & B(t->be->id)) || t->be->inPlaceBroken(t))) {
-    PRINT("  %7s  %6s  %6s    N/A", "N/A", "N/A", "N/A");
+    tableAdd(table, "  %7s  %6s  %6s    N/A", "N/A", "N/A", "N/A");
     return;
   }
   sec = aggregateTime(timeIterations(t));
@@ -1230,9 +1278,9 @@ static void measure(Test* t, Table* table) {
   formatNumber(algStr, 6, algBw);
   formatNumber(busStr, 6, busBw);
   if (checked) {
-    PRINT("  %7s  %6s  %6s  %6g", timeStr, algStr, busStr, (double)wrong);
+    tableAdd(table, "  %7s  %6s  %6s  %6g", timeStr, algStr, busStr, (double)wrong);
   } else {
-    PRINT("  %7s  %6s  %6s    N/A", timeStr, algStr, busStr);
+    tableAdd(table, "  %7s  %6s  %6s    N/A", timeStr, algStr, busStr);
   }
   table->bwSum += busBw;
   table->bwCount++;
@@ -1243,66 +1291,109 @@ static size_t nextSize(size_t size) {
   return size + opt.stepBytes;
 }
 
-/* Every size for one type, op and root: one row each. */
-static void sweep(Test* t, Table* table) {
+/* Every size for one type, op and root: one row in each lane's table. The backends take turns
+ * size by size, out of place on each, then in place on each, rather than one backend's whole
+ * sweep after another's: a shared or virtual machine drifts over seconds, so that rows measured
+ * seconds apart compare unfairly either way, while adjacent measurements share its state. */
+static void sweep(Test* t, Lane* lanes, int nlanes) {
   char root[16];
   snprintf(root, sizeof(root), "%6i", t->coll->rooted ? t->root : -1);
   for (size_t size = opt.minBytes; size <= opt.maxBytes; size = nextSize(size)) {
     sizeTest(t, size);
-    PRINT("%12zu  %12zu  %8s  %6s  %6s", largestBytes(t), t->count, types[t->type].name,
-          reduces(t) ? opNames[t->op] : "none", root);
-    t->inPlace = 0;
-    measure(t, table);
-    t->inPlace = 1;
-    measure(t, table);
-    PRINT("\n");
+    for (int l = 0; l < nlanes; l++)
+      tableAdd(&lanes[l].table, "%12zu  %12zu  %8s  %6s  %6s", largestBytes(t), t->count,
+               types[t->type].name, reduces(t) ? opNames[t->op] : "none", root);
+    for (int inPlace = 0; inPlace <= 1; inPlace++)
+      for (int l = 0; l < nlanes; l++) measure(t, &lanes[l], inPlace);
+    for (int l = 0; l < nlanes; l++) tableAdd(&lanes[l].table, "\n");
   }
 }
 
-static void printTableHeader(const Coll* coll, const Backend* be) {
+/* The header of lanes[self]'s table. With several backends it names the others, measured in
+ * turn with this one (see sweep), which tells such tables from those of a backend run alone. */
+static void addTableHeader(Lane* lanes, int nlanes, int self, const Coll* coll) {
+  Table* table = &lanes[self].table;
+  const Backend* be = lanes[self].be;
   char description[512];
   be->describe(description, sizeof(description));
-  PRINT("#\n# Collective: %s\n# Backend: %s (%s)\n", coll->name, be->name, description);
-  PRINT("#\n");
-  PRINT(
-      "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place"
-      "          \n",
-      "", "", "", "", "");
-  PRINT("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n", "size",
-        "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
-        "busbw", "#wrong", 0, "");
-  PRINT("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n", "(B)",
-        "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", 0,
-        "");
+  tableAdd(table, "#\n# Collective: %s\n# Backend: %s (%s)\n", coll->name, be->name, description);
+  if (nlanes > 1) {
+    const char* separator = " ";
+    tableAdd(table, "# Measured interleaved with:");
+    for (int l = 0; l < nlanes; l++) {
+      if (l == self) continue;
+      tableAdd(table, "%s%s", separator, lanes[l].be->name);
+      separator = ", ";
+    }
+    tableAdd(table, "\n");
+  }
+  tableAdd(table, "#\n");
+  tableAdd(table,
+           "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place"
+           "          \n",
+           "", "", "", "", "");
+  tableAdd(table, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n",
+           "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+           "algbw", "busbw", "#wrong", 0, "");
+  tableAdd(table, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n",
+           "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+           "(GB/s)", "", 0, "");
 }
 
-/* One table: a collective on a backend, over every selected type, op, root and size.
- * Returns the number of (rank, measurement) pairs with wrong values, summed over ranks. */
-static int runTable(const Coll* coll, const Backend* be) {
-  Table table = {0, 0, 0};
-  Test t = {.coll = coll, .be = be};
+/* The footer: the wrong measurements of every rank, and the average bus bandwidth. */
+static void addTableFooter(Table* table) {
+  MPI_Allreduce(MPI_IN_PLACE, &table->errors, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  tableAdd(table, "# %-20s : %d %s\n", "Out of bounds values", table->errors,
+           table->errors ? "FAILED" : "OK");
+  tableAdd(table, "# %-20s : %g %s\n", "Avg bus bandwidth",
+           table->bwCount ? table->bwSum / table->bwCount : 0.0, "");
+  tableAdd(table, "#\n");
+}
+
+/* Opens a backend with buffers of its own: each has its kind of memory (MPI's on the host), and
+ * none of them sees another's data. */
+static void openLane(Lane* lane, const Backend* be, int live) {
+  *lane = (Lane){.be = be, .table = {.live = live}};
+  be->open();
+  lane->sendBuf = bufAlloc(be->onDevice(), opt.maxBytes);
+  lane->recvBuf = bufAlloc(be->onDevice(), opt.maxBytes);
+}
+
+static void closeLane(Lane* lane) {
+  bufFree(lane->be->onDevice(), lane->sendBuf);
+  bufFree(lane->be->onDevice(), lane->recvBuf);
+  lane->be->close();
+}
+
+/* One collective on every selected backend, all open at once and taking turns size by size (see
+ * sweep), over every selected type, op and root; then its tables, in backend order. Returns the
+ * number of (rank, measurement) pairs with wrong values, summed over ranks and backends. */
+static int runCollective(const Coll* coll) {
+  Lane lanes[NUM_BACKENDS];
+  Test t = {.coll = coll};
+  int nlanes = 0, errors = 0;
   int typeLo = opt.type == ALL ? 0 : opt.type,
       typeHi = opt.type == ALL ? gcommNumTypes : typeLo + 1;
   int opLo = opt.op == ALL || !coll->reduces ? 0 : opt.op;
   int opHi = !coll->reduces ? 1 : opt.op == ALL ? gcommNumOps : opLo + 1;
   int rootLo = opt.root == ALL || !coll->rooted ? 0 : opt.root;
   int rootHi = !coll->rooted ? 1 : opt.root == ALL ? world.nranks : rootLo + 1;
-  be->open();
-  printTableHeader(coll, be);
-  t.sendBuf = bufAlloc(be->onDevice(), opt.maxBytes);
-  t.recvBuf = bufAlloc(be->onDevice(), opt.maxBytes);
+  for (int b = 0; b < NUM_BACKENDS; b++) {
+    if (!(opt.backends & B(b))) continue;
+    openLane(&lanes[nlanes], backendOf(b), nlanes == 0);
+    nlanes++;
+  }
+  for (int l = 0; l < nlanes; l++) addTableHeader(lanes, nlanes, l, coll);
   for (t.type = typeLo; t.type < typeHi; t.type++)
     for (t.op = opLo; t.op < opHi; t.op++)
-      for (t.root = rootLo; t.root < rootHi; t.root++) sweep(&t, &table);
-  bufFree(be->onDevice(), t.sendBuf);
-  bufFree(be->onDevice(), t.recvBuf);
-  be->close();
-  MPI_Allreduce(MPI_IN_PLACE, &table.errors, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  PRINT("# %-20s : %d %s\n", "Out of bounds values", table.errors, table.errors ? "FAILED" : "OK");
-  PRINT("# %-20s : %g %s\n", "Avg bus bandwidth", table.bwCount ? table.bwSum / table.bwCount : 0.0,
-        "");
-  PRINT("#\n");
-  return table.errors;
+      for (t.root = rootLo; t.root < rootHi; t.root++) sweep(&t, lanes, nlanes);
+  for (int l = 0; l < nlanes; l++) {
+    closeLane(&lanes[l]);
+    addTableFooter(&lanes[l].table);
+    printTable(&lanes[l].table);
+    errors += lanes[l].table.errors;
+  }
+  return errors;
 }
 
 /* ======================================================================================== */
@@ -1491,9 +1582,7 @@ int main(int argc, char** argv) {
   before = bufAlloc(0, opt.maxBytes);
   want = bufAlloc(0, opt.maxBytes);
   for (int c = 0; c < NUM_COLLS; c++)
-    for (int b = 0; b < NUM_BACKENDS; b++)
-      if ((opt.colls & B(c)) && (opt.backends & B(b)))
-        errors += runTable(&collectives[c], backendOf(b));
+    if (opt.colls & B(c)) errors += runCollective(&collectives[c]);
   PRINT("# Collective test concluded: %s\n\n#\n", prog);
   bufFree(0, stage);
   bufFree(0, before);
