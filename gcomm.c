@@ -498,6 +498,11 @@ static const char* const typeNames[gcommNumTypes] = {"int8",    "uint8",   "int3
                                                      "float64", "bfloat16"};
 static const char* const opNames[gcommNumOps] = {"sum", "prod", "max", "min", "avg"};
 
+/* Whether [a, a + alen) and [b, b + blen) share a byte. */
+static int rangesMeet(const char* a, size_t alen, const char* b, size_t blen) {
+  return a != NULL && b != NULL && a < b + blen && b < a + alen;
+}
+
 /* The peer of an unfinished network send from the caller's memory (gcommConn_t.refs) that
  * overlaps [p, p + len) on this lane, or -1. */
 static int refOverlaps(gcommComm_t comm, int lane, const char* p, size_t len) {
@@ -506,18 +511,13 @@ static int refOverlaps(gcommComm_t comm, int lane, const char* p, size_t len) {
     uint64_t s = c->refs ? __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE) : c->refUntil;
     for (; s < c->refUntil; s++) {
       const char* r = c->refs[s % GCOMM_STEPS];
-      if (r && r < p + len && p < r + (uint32_t)c->fifo->bytes[s % GCOMM_STEPS]) return q;
+      if (rangesMeet(r, (uint32_t)c->fifo->bytes[s % GCOMM_STEPS], p, len)) return q;
     }
   }
   return -1;
 }
 
 #ifdef GCOMM_OFI
-/* Whether [a, a + alen) and [b, b + blen) share a byte. */
-static int rangesMeet(const char* a, size_t alen, const char* b, size_t blen) {
-  return a != NULL && b != NULL && a < b + blen && b < a + alen;
-}
-
 /* The last step of an all-gather phase copies what arrives into the output, half of what a rank
  * receives in a 2-rank all-reduce: received there directly, that copy goes. A receive is posted
  * as its slot frees, often during the operation whose step it serves; that operation's work at
@@ -670,8 +670,8 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
                              typeNames[op->datatype], opNames[op->redop], op->root, w->lane,
                              w->step, peer, what);
       }
-      in[nIn++] = c->landed && c->landed[c->step % GCOMM_STEPS] ? c->landed[c->step % GCOMM_STEPS]
-                                                                : slotOf(c);
+      char* landed = c->landed ? c->landed[c->step % GCOMM_STEPS] : NULL;
+      in[nIn++] = landed ? landed : slotOf(c);
     }
     if (st->sendPeer[i] >= 0) {
       outConn[nOut] = sendConn(comm, w->lane, st->sendPeer[i]);
