@@ -99,11 +99,12 @@ enum { BACKEND_GCOMM, BACKEND_MPI, BACKEND_NCCL, NUM_BACKENDS };
 static struct {
   size_t minBytes, maxBytes, stepBytes, stepFactor;
   int iters, warmup, check, average, gpu;
+  int rounds; /* turns each backend's iterations are timed in (see timeLanes); 0: the default */
   int type, op, root;
   unsigned colls;    /* bit i: collectives[i] */
   unsigned backends; /* bit i: BACKEND_i, in that order */
   int proxyMode;     /* GCOMM_PROXY_*, or -1 for gcomm's default */
-} opt = {32 << 20, 32 << 20, 1 << 20, 1, 20, 5, 1, 1, -1, gcommFloat, gcommSum, 0, 0, 0, -1};
+} opt = {32 << 20, 32 << 20, 1 << 20, 1, 20, 5, 1, 1, -1, 0, gcommFloat, gcommSum, 0, 0, 0, -1};
 
 static const char* const opNames[gcommNumOps] = {"sum", "prod", "max", "min", "avg"};
 static const char* const backendNames[NUM_BACKENDS] = {"gcomm", "mpi", "nccl"};
@@ -117,6 +118,8 @@ static void usage(const char* prog) {
       "\t[-f,--stepfactor <increment factor>]\n"
       "\t[-n,--iters <iteration count>] (default 20)\n"
       "\t[-w,--warmup_iters <warmup iteration count>] (default 5)\n"
+      "\t[-R,--rounds <turns>] with several backends, each times its iterations in this many "
+      "turns,\n\t\talternating with the others (default 4; 1 with one backend)\n"
       "\t[-c,--check <check iteration count>] (default 1)\n"
       "\t[-d,--datatype <int8/uint8/int32/uint32/int64/uint64/half/float/double/bfloat16/all>]\n"
       "\t[-o,--op <sum/prod/max/min/avg/all>]\n"
@@ -1170,17 +1173,6 @@ static long long countWrong(const Test* t) {
 }
 
 /* Seconds per iteration on this rank: warm-ups, a barrier, then the timed iterations. */
-static double timeIterations(const Test* t) {
-  Timer tm = {0, 0.0};
-  for (int i = 0; i < opt.warmup; i++) launch(t, i), t->be->afterEach();
-  t->be->afterAll();
-  MPI_Barrier(MPI_COMM_WORLD);
-  timerStart(&tm, t->be->onDevice());
-  for (int i = 0; i < opt.iters; i++) launch(t, i), t->be->afterEach();
-  timerMark(&tm);
-  t->be->afterAll();
-  return timerSeconds(&tm) / opt.iters;
-}
 
 /* Across ranks, as nccl-tests' -a: 0 rank 0's, 1 the mean, 2 the min, 3 the max. */
 static double aggregateTime(double sec) {
@@ -1251,19 +1243,60 @@ static void formatNumber(char* out, int width, double v) {
   snprintf(out, (size_t)width + 1, width >= 7 ? "%*.1e" : "%*.0e", width, v);
 }
 
-/* Times, checks and adds to the lane's table one half of a row (out of place or in place). */
-static void measure(Test* t, Lane* lane, int inPlace) {
+/* Points the test at a lane's backend and buffers, in or out of place. Returns 0 when that
+ * backend has no in-place form of the collective (its table says N/A). */
+static int useLane(Test* t, const Lane* lane, int inPlace) {
+  t->be = lane->be, t->sendBuf = lane->sendBuf, t->recvBuf = lane->recvBuf, t->inPlace = inPlace;
+  return !(inPlace && ((t->coll->noInPlace & B(t->be->id)) || t->be->inPlaceBroken(t)));
+}
+
+/* Seconds per iteration of each lane that runs (sec[l] < 0: it does not), every rank's time
+ * aggregated as -a says. With several backends the iterations are timed in turns: opt.rounds
+ * rounds, each giving every backend its share of opt.iters in a row, so that a shared or
+ * virtual machine whose speed changes within a second (adjacent runs of one build here differed
+ * up to 2x) slows or speeds every backend alike. Each backend warms up first. */
+static int roundsOf(int nlanes) {
+  int rounds = opt.rounds ? opt.rounds : nlanes > 1 ? 4 : 1;
+  return rounds < opt.iters ? rounds : opt.iters;
+}
+
+static void timeLanes(Test* t, Lane* lanes, int nlanes, int inPlace, double* sec) {
+  int rounds = roundsOf(nlanes);
+  for (int l = 0; l < nlanes; l++) {
+    sec[l] = useLane(t, &lanes[l], inPlace) ? 0.0 : -1.0;
+    if (sec[l] < 0) continue;
+    for (int i = 0; i < opt.warmup; i++) launch(t, i), t->be->afterEach();
+    t->be->afterAll();
+  }
+  for (int r = 0; r < rounds; r++) {
+    int first = opt.iters * r / rounds, last = opt.iters * (r + 1) / rounds;
+    for (int l = 0; l < nlanes; l++) {
+      Timer tm = {0, 0.0};
+      if (sec[l] < 0 || !useLane(t, &lanes[l], inPlace)) continue;
+      MPI_Barrier(MPI_COMM_WORLD);
+      timerStart(&tm, t->be->onDevice());
+      for (int i = first; i < last; i++) launch(t, i), t->be->afterEach();
+      timerMark(&tm);
+      t->be->afterAll();
+      sec[l] += timerSeconds(&tm);
+    }
+  }
+  for (int l = 0; l < nlanes; l++)
+    if (sec[l] >= 0) sec[l] = aggregateTime(sec[l] / opt.iters);
+}
+
+/* Checks and adds to a lane's table one half of a row (out of place or in place), timed at sec
+ * seconds per iteration (negative: not run). */
+static void addResult(Test* t, Lane* lane, int inPlace, double sec) {
   Table* table = &lane->table;
   char timeStr[16], algStr[16], busStr[16];
   long long wrong = 0;
   int checked = opt.check > 0 && !(inPlace && t->coll->inPlaceUndefined);
-  double sec, algBw, busBw;
-  t->be = lane->be, t->sendBuf = lane->sendBuf, t->recvBuf = lane->recvBuf, t->inPlace = inPlace;
-  if (t->inPlace && ((t->coll->noInPlace & B(t->be->id)) || t->be->inPlaceBroken(t))) {
+  double algBw, busBw;
+  if (sec < 0 || !useLane(t, lane, inPlace)) {
     tableAdd(table, "  %7s  %6s  %6s    N/A", "N/A", "N/A", "N/A");
     return;
   }
-  sec = aggregateTime(timeIterations(t));
   algBw = (double)largestBytes(t) / 1.0e9 / sec;
   busBw = algBw * t->coll->busFactor(world.nranks);
   for (int c = 0; checked && c < opt.check && wrong == 0; c++) {
@@ -1292,9 +1325,10 @@ static size_t nextSize(size_t size) {
 }
 
 /* Every size for one type, op and root: one row in each lane's table. The backends take turns
- * size by size, out of place on each, then in place on each, rather than one backend's whole
- * sweep after another's: a shared or virtual machine drifts over seconds, so that rows measured
- * seconds apart compare unfairly either way, while adjacent measurements share its state. */
+ * size by size (out of place, then in place), and within each in rounds (timeLanes), rather than
+ * one backend's whole sweep after another's: a shared or virtual machine drifts, so that rows
+ * measured seconds apart compare unfairly either way, while adjacent measurements share its
+ * state. */
 static void sweep(Test* t, Lane* lanes, int nlanes) {
   char root[16];
   snprintf(root, sizeof(root), "%6i", t->coll->rooted ? t->root : -1);
@@ -1303,8 +1337,11 @@ static void sweep(Test* t, Lane* lanes, int nlanes) {
     for (int l = 0; l < nlanes; l++)
       tableAdd(&lanes[l].table, "%12zu  %12zu  %8s  %6s  %6s", largestBytes(t), t->count,
                types[t->type].name, reduces(t) ? opNames[t->op] : "none", root);
-    for (int inPlace = 0; inPlace <= 1; inPlace++)
-      for (int l = 0; l < nlanes; l++) measure(t, &lanes[l], inPlace);
+    for (int inPlace = 0; inPlace <= 1; inPlace++) {
+      double sec[NUM_BACKENDS];
+      timeLanes(t, lanes, nlanes, inPlace, sec);
+      for (int l = 0; l < nlanes; l++) addResult(t, &lanes[l], inPlace, sec[l]);
+    }
     for (int l = 0; l < nlanes; l++) tableAdd(&lanes[l].table, "\n");
   }
 }
@@ -1325,7 +1362,7 @@ static void addTableHeader(Lane* lanes, int nlanes, int self, const Coll* coll) 
       tableAdd(table, "%s%s", separator, lanes[l].be->name);
       separator = ", ";
     }
-    tableAdd(table, "\n");
+    tableAdd(table, " (in %d rounds)\n", roundsOf(nlanes));
   }
   tableAdd(table, "#\n");
   tableAdd(table,
@@ -1461,6 +1498,7 @@ static int parseArgs(int argc, char** argv) {
                                            {"stepfactor", required_argument, 0, 'f'},
                                            {"iters", required_argument, 0, 'n'},
                                            {"warmup_iters", required_argument, 0, 'w'},
+                                           {"rounds", required_argument, 0, 'R'},
                                            {"check", required_argument, 0, 'c'},
                                            {"datatype", required_argument, 0, 'd'},
                                            {"op", required_argument, 0, 'o'},
@@ -1479,7 +1517,7 @@ static int parseArgs(int argc, char** argv) {
   opt.colls = 1; /* allreduce */
   opt.backends = B(BACKEND_GCOMM);
   opterr = world.rank == 0;
-  while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:d:o:r:a:g:h", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:R:c:d:o:r:a:g:h", longopts, NULL)) != -1) {
     const char* bad = NULL;
     switch (c) {
       case 'b':
@@ -1499,6 +1537,9 @@ static int parseArgs(int argc, char** argv) {
         break;
       case 'w':
         opt.warmup = atoi(optarg), bad = opt.warmup < 0 ? "warmup_iters" : NULL;
+        break;
+      case 'R':
+        opt.rounds = atoi(optarg), bad = opt.rounds < 1 ? "rounds" : NULL;
         break;
       case 'c':
         opt.check = atoi(optarg);
