@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""perf_table.py - turn a gcomm_perf log (several backends in one run) into a markdown table.
+"""perf_table.py - turn gcomm_perf logs (several backends in one run) into markdown tables.
 
-  tools/perf_table.py LOG [--sizes 8,32K,2M,16M,128M,1G] [--vs nccl|mpi] [--coll allreduce,...]
+  tools/perf_table.py LOG... [--sizes 8,32K,2M,16M,128M,1G] [--vs nccl|mpi] [--coll allreduce,...]
 
-One row per collective and size: time and busbw (out-of-place, plus in-place busbw) of gcomm and
-of the other backend, and their busbw ratio.
+One log: a row per collective and size, with the time and busbw (out-of-place, plus in-place busbw)
+of gcomm and of the other backend, and their busbw ratio. Several logs (runs of one command): a row
+per collective and size, with each run's busbw ratio gcomm/other out of place / in place and their
+medians: a machine that drifts shows in the spread, and no single run stands for the others.
 """
 import argparse
 import re
+import statistics
 
 
 def parse_size(text):
@@ -40,17 +43,42 @@ def read_rows(path):
     return rows
 
 
+def ratio_table(runs, colls, sizes, other):
+    """Each run's busbw ratio gcomm/other, out of place / in place, per collective and size."""
+    heads = " | ".join(f"run {i + 1}" for i in range(len(runs)))
+    print(f"| collective | size | {heads} | median |")
+    print("|---|---|" + "---|" * (len(runs) + 1))
+    for c in colls:
+        for s in sorted({k[2] for rows in runs for k in rows if k[0] == c}):
+            if sizes and s not in sizes:
+                continue
+            pairs = []
+            for rows in runs:
+                g, o = rows.get((c, "gcomm", s)), rows.get((c, other, s))
+                if g and o and o[1] > 0 and o[2] > 0:
+                    pairs.append((g[1] / o[1], g[2] / o[2]))
+            if not pairs:
+                continue
+            cells = " | ".join(f"{p[0]:.2f} / {p[1]:.2f}" for p in pairs)
+            med = (statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs))
+            print(f"| {c} | {pretty(s)} | {cells} | **{med[0]:.2f} / {med[1]:.2f}** |")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("log")
+    ap.add_argument("log", nargs="+")
     ap.add_argument("--sizes", default="")
     ap.add_argument("--vs", default="nccl")
     ap.add_argument("--coll", default="")
     a = ap.parse_args()
-    rows = read_rows(a.log)
+    runs = [read_rows(path) for path in a.log]
+    rows = runs[0]
     colls = a.coll.split(",") if a.coll else list(dict.fromkeys(k[0] for k in rows))
     sizes = [parse_size(s) for s in a.sizes.split(",")] if a.sizes else None
     other = a.vs
+    if len(runs) > 1:
+        ratio_table(runs, colls, sizes, other)
+        return
     print(f"| collective | size | gcomm time (us) | {other} time (us) | gcomm busbw (GB/s) | "
           f"{other} busbw (GB/s) | gcomm in-place busbw | {other} in-place busbw | gcomm/{other} busbw |")
     print("|---|---|---|---|---|---|---|---|---|")
