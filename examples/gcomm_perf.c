@@ -1250,16 +1250,20 @@ static int useLane(Test* t, const Lane* lane, int inPlace) {
   return !(inPlace && ((t->coll->noInPlace & B(t->be->id)) || t->be->inPlaceBroken(t)));
 }
 
-/* Seconds per iteration of each lane that runs (sec[l] < 0: it does not), every rank's time
- * aggregated as -a says. With several backends the iterations are timed in turns: opt.rounds
- * rounds, each giving every backend its share of opt.iters in a row, so that a shared or
- * virtual machine whose speed changes within a second (adjacent runs of one build here differed
- * up to 2x) slows or speeds every backend alike. Each backend warms up first. */
+/* The turns each backend's iterations are timed in (-R; 4 with several backends, else 1). */
 static int roundsOf(int nlanes) {
   int rounds = opt.rounds ? opt.rounds : nlanes > 1 ? 4 : 1;
   return rounds < opt.iters ? rounds : opt.iters;
 }
 
+/* Seconds per iteration of each lane that runs (sec[l] < 0: it does not), every rank's time
+ * aggregated as -a says. With several backends the iterations are timed in turns: roundsOf
+ * rounds, each giving every backend its share of opt.iters in a row, so that a shared or
+ * virtual machine whose speed changes within a second (adjacent runs of one build here differed
+ * up to 2x) slows or speeds every backend alike. Each backend warms up first, and each turn starts
+ * after a pause that lets the previous backend's own threads settle (gcomm's progress thread
+ * backs off for up to 2 ms after its last operation): what one backend leaves running is not
+ * timed as the next one's. */
 static void timeLanes(Test* t, Lane* lanes, int nlanes, int inPlace, double* sec) {
   int rounds = roundsOf(nlanes);
   for (int l = 0; l < nlanes; l++) {
@@ -1272,7 +1276,12 @@ static void timeLanes(Test* t, Lane* lanes, int nlanes, int inPlace, double* sec
     int first = opt.iters * r / rounds, last = opt.iters * (r + 1) / rounds;
     for (int l = 0; l < nlanes; l++) {
       Timer tm = {0, 0.0};
-      if (sec[l] < 0 || !useLane(t, &lanes[l], inPlace)) continue;
+      if (sec[l] < 0) continue;
+      useLane(t, &lanes[l], inPlace);
+      if (nlanes > 1) {
+        struct timespec pause = {0, 3000000};
+        nanosleep(&pause, NULL);
+      }
       MPI_Barrier(MPI_COMM_WORLD);
       timerStart(&tm, t->be->onDevice());
       for (int i = first; i < last; i++) launch(t, i), t->be->afterEach();
@@ -1293,10 +1302,11 @@ static void addResult(Test* t, Lane* lane, int inPlace, double sec) {
   long long wrong = 0;
   int checked = opt.check > 0 && !(inPlace && t->coll->inPlaceUndefined);
   double algBw, busBw;
-  if (sec < 0 || !useLane(t, lane, inPlace)) {
+  if (sec < 0) {
     tableAdd(table, "  %7s  %6s  %6s    N/A", "N/A", "N/A", "N/A");
     return;
   }
+  useLane(t, lane, inPlace);
   algBw = (double)largestBytes(t) / 1.0e9 / sec;
   busBw = algBw * t->coll->busFactor(world.nranks);
   for (int c = 0; checked && c < opt.check && wrong == 0; c++) {
