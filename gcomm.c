@@ -1126,9 +1126,13 @@ static void* progressThread(void* arg) {
     pthread_mutex_unlock(&comm->progressLock);
     /* waiting on peers: back off. Nothing at all to do for a while: sleep until a post (a GPU
      * communicator's launch signals too, and kernels may start later, as graphs do: a GPU
-     * communicator with a proxy, network or copy engines, looks every millisecond). */
-    if (backoff(&idleSince, mayNap) > 1000 && mayNap && comm->nActiveWorks == 0 &&
-        !netPending(comm)) {
+     * communicator with a proxy, network or copy engines, looks every millisecond). Where
+     * waiting threads drive (host communicators between nodes), this thread matters only for
+     * work nobody waits on, which a post wakes it for: it sleeps as soon as nothing is left
+     * instead of yielding for 1 ms, which took the core from whatever the caller did next. */
+    int idleUs = (int)backoff(&idleSince, mayNap),
+        waitersDrive = comm->device < 0 && spansNodes(comm);
+    if ((idleUs > 1000 || waitersDrive) && mayNap && comm->nActiveWorks == 0 && !netPending(comm)) {
       int timedOut = 0;
       pthread_mutex_lock(&comm->postLock);
       if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
