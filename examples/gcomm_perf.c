@@ -1172,8 +1172,6 @@ static long long countWrong(const Test* t) {
   return (long long)wrong;
 }
 
-/* Seconds per iteration on this rank: warm-ups, a barrier, then the timed iterations. */
-
 /* Across ranks, as nccl-tests' -a: 0 rank 0's, 1 the mean, 2 the min, 3 the max. */
 static double aggregateTime(double sec) {
   static const MPI_Op ops[4] = {MPI_SUM, MPI_SUM, MPI_MIN, MPI_MAX};
