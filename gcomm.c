@@ -465,6 +465,12 @@ static int spansNodes(gcommComm_t comm) {
   return comm->nLocal < comm->nranks;
 }
 
+/* Whether threads in gcommWait run the progress passes themselves (host communicators between
+ * nodes, thread mode: see gcommWait), the progress thread serving only work nobody waits on. */
+static int waitersDrive(gcommComm_t comm) {
+  return comm->device < 0 && spansNodes(comm);
+}
+
 /* A GPU communicator whose kernels stage data to other nodes through network FIFOs in pinned
  * host memory (transports/p2p.c), which only the progress thread moves. */
 static int stagesNet(gcommComm_t comm) {
@@ -1130,9 +1136,9 @@ static void* progressThread(void* arg) {
      * waiting threads drive (host communicators between nodes), this thread matters only for
      * work nobody waits on, which a post wakes it for: it sleeps as soon as nothing is left
      * instead of yielding for 1 ms, which took the core from whatever the caller did next. */
-    int idleUs = (int)backoff(&idleSince, mayNap),
-        waitersDrive = comm->device < 0 && spansNodes(comm);
-    if ((idleUs > 1000 || waitersDrive) && mayNap && comm->nActiveWorks == 0 && !netPending(comm)) {
+    int idleUs = (int)backoff(&idleSince, mayNap);
+    if ((idleUs > 1000 || waitersDrive(comm)) && mayNap && comm->nActiveWorks == 0 &&
+        !netPending(comm)) {
       int timedOut = 0;
       pthread_mutex_lock(&comm->postLock);
       if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
@@ -2306,7 +2312,7 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
    * sleeps meanwhile: no hand-off from one thread to the other on the critical path (small
    * all-reduces over tcp: 12 against 40-60 us), and no second thread taking turns on the lock
    * and the cores (each of its waits on the lock cost a futex wake: docs/PERF.md). */
-  int drive = !poll && spansNodes(comm);
+  int drive = !poll && waitersDrive(comm);
   if (drive) __atomic_add_fetch(&comm->drivers, 1, __ATOMIC_SEQ_CST);
   gcommResult_t res = waitDone(comm, target, poll, drive);
   if (drive && __atomic_sub_fetch(&comm->drivers, 1, __ATOMIC_SEQ_CST) == 0 &&
