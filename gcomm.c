@@ -1381,12 +1381,14 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
 #endif
   /* host communicators between nodes: one channel. Every lane to a peer shares its one
    * connection, and one thread moves them all; against 2 channels a 4 MB all-reduce over tcp took
-   * less CPU in 9 of 9 adjacent pairs of runs, 16 MB in 3 of 4 (docs/PERF.md). 256 KB slots, each
-   * one eager message (transports/net_ofi.c); against 512 KB, 4-16 MB all-reduces were 10-25%
-   * faster, 1 and 64 MB level, 128 KB no better. GPU communicators keep theirs (above). */
+   * less CPU in 9 of 9 adjacent pairs of runs, 16 MB in 3 of 4 (docs/PERF.md). 512 KB slots, each
+   * one eager message (transports/net_ofi.c): over tcp each message costs the kernel and the
+   * provider a fixed amount besides its bytes; against 256 KB slots the all-reduce was ahead at
+   * 1-16 MB in 3 of 4 sets of alternating runs (34 pairs), 128 KB was worse everywhere, 768 KB
+   * and 1 MB no better (docs/PERF.md, session 9). GPU communicators keep theirs (above). */
   if (spansNodes(comm) && comm->device < 0) {
     if (!channelsChosen(config)) comm->params.nChannels = 1;
-    if (getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 2 << 20;
+    if (getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
   }
   comm->nChannels = comm->params.nChannels;
   /* lanes [0, nChannels) carry collectives, [nChannels, nChannels + nP2pChannels) point-to-point */
