@@ -336,9 +336,12 @@ gcommResult_t gcommDeviceNetFence(gcommComm_t comm);
 gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved);
 /* gcomm.c, for the receive of step s of the network receive FIFO c (c->landed set) as it is
  * posted: the caller's memory that step's message may land in directly, or NULL (the slot). Its
- * byte count goes to *bytes. Only the step of the operation under way that copies the message to
- * its output, unread by anything before it; the executor then copies nothing. */
-char* gcommNetDirectTarget(gcommComm_t comm, const gcommConn_t* c, uint64_t s, size_t* bytes);
+ * byte count goes to *bytes. Only a step of a queued collective that copies the message to its
+ * output, with nothing else using that memory by the time the message can come; the executor then
+ * copies nothing. *queuedUntil: UINT64_MAX, or when no queued operation takes step s, the FIFO
+ * step after those they take. */
+char* gcommNetDirectTarget(gcommComm_t comm, const gcommConn_t* c, uint64_t s, size_t* bytes,
+                           uint64_t* queuedUntil);
 /* Whether filled slots are not all sent or credits not all told (0 once the comm failed): the
  * engine must keep running for them even when every operation has finished. */
 int gcommNetSendsPending(gcommComm_t comm);

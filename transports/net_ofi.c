@@ -7,15 +7,18 @@
  * GCOMM_NET_SHARED_BUFFERS), and gcommNetConnect takes any FIFO in host memory the caller owns
  * (e.g. pinned host memory mapped for a GPU). For a remote peer on one lane:
  *
- * Receiver: a fi_trecv is kept posted into every free slot, steps head .. head+STEPS-1. It tells
- * the sender how far it has posted: a credit, the count in an 8-byte fi_tinject (no completion,
- * no buffer to keep; a provider that injects nothing, shm with FI_HMEM, gets an fi_tsend, one in
- * flight per connection), sent once the sender may have only STEPS/2 receives left (creditDue). The
- * first STEPS receives are posted when the edge is connected, before the ranks' barrier, so the
- * sender starts with STEPS credits. A completed
- * receive records its byte count in fifo->bytes[] and tail advances over the contiguous prefix of
- * completed steps (completions may come out of order). The executor drains slots and advances
- * head; the next pass re-posts into the freed slots.
+ * Receiver: a fi_trecv is kept posted into every free slot, steps head .. head+STEPS-1, except
+ * that a host communicator's collective lanes post no further than one step past the operations
+ * queued there: a step whose operation is known may be received straight into the caller's output
+ * (gcommNetDirectTarget), and the one step past them lets the peer start its next operation. It
+ * tells the sender how far it has posted: a credit, the count in an 8-byte fi_tinject (no
+ * completion, no buffer to keep; a provider that injects nothing, shm with FI_HMEM, gets an
+ * fi_tsend, one in flight per connection), sent once the sender may have only STEPS/2 receives left
+ * (creditDue). The first STEPS receives are posted when the edge is connected, before the ranks'
+ * barrier, so the sender starts with STEPS credits. A completed receive records its byte count in
+ * fifo->bytes[] and tail advances over the contiguous prefix of completed steps (completions may
+ * come out of order). The executor drains slots and advances head; the next pass re-posts into the
+ * freed slots.
  *
  * Sender: the executor fills slot tail % STEPS and advances tail. Every pass posts fi_tsend for
  * each step below both tail and the peer's credit; when a send completes its slot is free again
@@ -509,7 +512,12 @@ static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t*
     int slot = (int)(s % GCOMM_STEPS);
     netReq_t* req = slotReq(nc, s);
     size_t len = nc->conn->slotBytes;
-    char* to = nc->conn->landed ? gcommNetDirectTarget(comm, nc->conn, s, &len) : NULL;
+    uint64_t queuedUntil = UINT64_MAX;
+    char* to =
+        nc->conn->landed ? gcommNetDirectTarget(comm, nc->conn, s, &len, &queuedUntil) : NULL;
+    /* no queued operation takes step s: its receive waits for the one that does, which may take
+     * it directly, except the first such step, so that the peer's next operation can start */
+    if (s > queuedUntil) break;
     ssize_t rc = fi_trecv(net->ep, to ? to : nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
                           len, to ? NULL : nc->desc, FI_ADDR_UNSPEC, makeTag(nc->peer, nc->lane, s),
                           0, &req->ctx);
