@@ -569,10 +569,11 @@ static uint64_t peerReceivedBefore(const gcommSched_t* s, int peer, uint64_t i) 
  *    sent from, which the peer received first;
  *  - a send by reference from it (refs) has been read if the peer has received it by then; one to
  *    another rank may still be read.
- * *queuedUntil: the FIFO step after those the queued works take, when none takes step s (the
- * receive may wait for the operation that does; NULL returned). After a failure such a receive
- * may stay posted into the caller's memory until the communicator is destroyed (as MPI's would). */
-char* gcommNetDirectTarget(gcommComm_t comm, const gcommConn_t* c, uint64_t s, size_t* bytes,
+ * *queuedUntil: when none takes step s, the FIFO step after those they take, if its receive
+ * should wait for the operation that does (c->holdRecvs), else UINT64_MAX. After a failure such a
+ * receive may stay posted into the caller's memory until the communicator is destroyed (as MPI's
+ * would). */
+char* gcommNetDirectTarget(gcommComm_t comm, gcommConn_t* c, uint64_t s, size_t* bytes,
                            uint64_t* queuedUntil) {
   enum { LOOKAHEAD = 64 }; /* steps examined: a receive is at most GCOMM_STEPS ahead */
   int lane = (int)(c - comm->recvConns) / comm->nranks, peer = c->peer;
@@ -591,7 +592,7 @@ char* gcommNetDirectTarget(gcommComm_t comm, const gcommConn_t* c, uint64_t s, s
   uint64_t at = c->step, sent = out->step; /* the next FIFO steps from and to peer */
   for (gcommWork_t* w = head; w != NULL; w = w->next) {
     const gcommOp_t* op = w->op;
-    size_t esz = gcommTypeSize(op->datatype);
+    size_t esz = gcommTypeSize(op->datatype), largest = 0; /* of its messages from peer */
     long first = w == head ? w->step : 0;
     uint64_t recvFirst = at, sendFirst = sent; /* the FIFO steps at its step `first` */
     for (long k = first; k < w->nSteps; k++) {
@@ -608,6 +609,7 @@ char* gcommNetDirectTarget(gcommComm_t comm, const gcommConn_t* c, uint64_t s, s
       if (src) src += st.srcOff * esz;
       if (dst) dst += st.dstOff * esz;
       if (!fromPeer || at < s) {
+        if (fromPeer && len > largest) largest = len;
         for (int i = 0; i < 2; i++) {
           touched[nTouched].p = i ? dst : src;
           touched[nTouched].len = len;
@@ -640,8 +642,9 @@ char* gcommNetDirectTarget(gcommComm_t comm, const gcommConn_t* c, uint64_t s, s
       *bytes = len;
       return dst;
     }
+    if (largest > 0) c->holdRecvs = 2 * largest >= c->slotBytes;
   }
-  *queuedUntil = at;
+  *queuedUntil = c->holdRecvs ? at : UINT64_MAX;
   return NULL;
 }
 #endif

@@ -122,8 +122,11 @@ typedef struct {
   /* A network receive FIFO whose provider receives into any memory (transports/net_ofi.c): where
    * the message of each slot's step was received, when not in the slot: the caller's memory the
    * step writes (gcommNetDirectTarget chose it as the receive was posted), else NULL. NULL
-   * elsewhere. */
+   * elsewhere. holdRecvs: the operations last queued on it took messages of at least half a slot,
+   * so receives past the queued operations wait for the next one, which may take them directly
+   * (gcommNetDirectTarget); small ones keep receives posted ahead, their credits off the path. */
   char** landed;
+  int holdRecvs;
 } gcommConn_t;
 
 /* ---- Operations ----
@@ -338,9 +341,9 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved);
  * posted: the caller's memory that step's message may land in directly, or NULL (the slot). Its
  * byte count goes to *bytes. Only a step of a queued collective that copies the message to its
  * output, with nothing else using that memory by the time the message can come; the executor then
- * copies nothing. *queuedUntil: UINT64_MAX, or when no queued operation takes step s, the FIFO
- * step after those they take. */
-char* gcommNetDirectTarget(gcommComm_t comm, const gcommConn_t* c, uint64_t s, size_t* bytes,
+ * copies nothing. *queuedUntil: UINT64_MAX, or when no queued operation takes step s and
+ * c->holdRecvs is set, the FIFO step after those they take. */
+char* gcommNetDirectTarget(gcommComm_t comm, gcommConn_t* c, uint64_t s, size_t* bytes,
                            uint64_t* queuedUntil);
 /* Whether filled slots are not all sent or credits not all told (0 once the comm failed): the
  * engine must keep running for them even when every operation has finished. */
