@@ -8,17 +8,17 @@
  * (e.g. pinned host memory mapped for a GPU). For a remote peer on one lane:
  *
  * Receiver: a fi_trecv is kept posted into every free slot, steps head .. head+STEPS-1, except
- * that a host communicator's collective lanes post no further than one step past the operations
- * queued there: a step whose operation is known may be received straight into the caller's output
- * (gcommNetDirectTarget), and the one step past them lets the peer start its next operation. It
- * tells the sender how far it has posted: a credit, the count in an 8-byte fi_tinject (no
- * completion, no buffer to keep; a provider that injects nothing, shm with FI_HMEM, gets an
- * fi_tsend, one in flight per connection), sent once the sender may have only STEPS/2 receives left
- * (creditDue). The first STEPS receives are posted when the edge is connected, before the ranks'
- * barrier, so the sender starts with STEPS credits. A completed receive records its byte count in
- * fifo->bytes[] and tail advances over the contiguous prefix of completed steps (completions may
- * come out of order). The executor drains slots and advances head; the next pass re-posts into the
- * freed slots.
+ * that after operations of large messages a host communicator's collective lanes post no further
+ * than one step past the operations queued there (gcommConn_t.holdRecvs): a step whose operation
+ * is known may be received straight into the caller's output (gcommNetDirectTarget), and the one
+ * step past them lets the peer start its next operation. It tells the sender how far it has posted:
+ * a credit, the count in an 8-byte fi_tinject (no completion, no buffer to keep; a provider that
+ * injects nothing, shm with FI_HMEM, gets an fi_tsend, one in flight per connection), sent once the
+ * sender may have only STEPS/2 receives left (creditDue). The first STEPS receives are posted when
+ * the edge is connected, before the ranks' barrier, so the sender starts with STEPS credits. A
+ * completed receive records its byte count in fifo->bytes[] and tail advances over the contiguous
+ * prefix of completed steps (completions may come out of order). The executor drains slots and
+ * advances head; the next pass re-posts into the freed slots.
  *
  * Sender: the executor fills slot tail % STEPS and advances tail. Every pass posts fi_tsend for
  * each step below both tail and the peer's credit; when a send completes its slot is free again
