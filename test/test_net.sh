@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test/test_net.sh - the network transport (make OFI=1) between pretend nodes on one machine.
 #
-# The correctness programs of test/ (test_coll, test_p2p: every collective, datatype, op,
-# algorithm, poll and thread modes) run unchanged, with GCOMM_HOSTID giving each group of
+# The correctness programs of test/ (test_coll, test_p2p, test_random: every collective,
+# datatype, op, algorithm, poll and thread modes) run unchanged, with GCOMM_HOSTID giving each group of
 # ranks-per-node ranks its own "node", so every connection between groups goes through libfabric
 # (tcp on loopback, or the shm provider). Then test_netkill kills one rank in the middle of a
 # 32 MiB all-reduce (mpiexec -disable-auto-cleanup keeps the survivors running): every survivor
@@ -18,7 +18,9 @@
 #   TEST_NET_KILLS    the same for the kill test, /poll for a polled communicator (default
 #                     "tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll net:2x2")
 #   (an empty TEST_NET_CONFIGS or TEST_NET_KILLS skips that part)
-#   TEST_NET_PROGS    correctness programs (default "test_coll test_p2p")
+#   TEST_NET_PROGS    correctness programs (default "test_coll test_p2p test_random": the last a
+#                     random sequence of calls of every size, in place or not, mixing large and
+#                     small operations, as the network's receive posting adapts to them)
 #   TEST_NET_FAULTS   configs for test_fault's mismatched calls across nodes, found through the
 #                     tag each message carries as completion data (default "tcp:2x1 shm:2x1": one
 #                     rank a node, so every rank receives from the odd one; with more, ranks that
@@ -32,7 +34,7 @@ MPIEXEC=${MPIEXEC:-mpiexec}
 TIMEOUT=${TEST_TIMEOUT:-900}
 CONFIGS=${TEST_NET_CONFIGS-"tcp:2x1 tcp:2x2/ch2 shm:2x2/unshared shm:3x1 tcp:4x1 net:2x2"}
 KILLS=${TEST_NET_KILLS-"tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll net:2x2"}
-PROGS=${TEST_NET_PROGS:-"test_coll test_p2p"}
+PROGS=${TEST_NET_PROGS:-"test_coll test_p2p test_random"}
 FAULTS=${TEST_NET_FAULTS-"tcp:2x1 shm:2x1"}
 here=$(cd "$(dirname "$0")" && pwd)
 
