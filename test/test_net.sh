@@ -4,9 +4,10 @@
 # The correctness programs of test/ (test_coll, test_p2p, test_random: every collective,
 # datatype, op, algorithm, poll and thread modes) run unchanged, with GCOMM_HOSTID giving each
 # group of ranks-per-node ranks its own "node", so every connection between groups goes through
-# libfabric (tcp on loopback, the shm provider, or libfabric 1.17's rxm-less tcp, "net"). Then test_netkill kills one rank in the middle of a
-# 32 MiB all-reduce (mpiexec -disable-auto-cleanup keeps the survivors running): every survivor
-# must fail with an error naming the dead rank within GCOMM_TIMEOUT_MS, without hanging or crashing.
+# libfabric (tcp on loopback, the shm provider, or libfabric 1.17's rxm-less tcp, "net"). Then
+# test_netkill kills one rank in the middle of a 32 MiB all-reduce (mpiexec -disable-auto-cleanup
+# keeps the survivors running): every survivor must fail with an error naming the dead rank
+# within GCOMM_TIMEOUT_MS, without hanging or crashing.
 # Last: GCOMM_NET_DISABLE=1 must refuse the remote ranks.
 #
 # Environment: BUILD (default build-ofi; built with `make OFI=1 BUILD=build-ofi`), MPIEXEC,
