@@ -526,6 +526,80 @@ static int refOverlaps(gcommComm_t comm, int lane, const char* p, size_t len, in
   return -1;
 }
 
+static void bufferCounts(const gcommOp_t* op, int rank, int n, size_t* inCount, size_t* outCount);
+
+/* Whether two operations split their memory alike: then each channel's work of one touches just
+ * what the same channel's work of the other does, and its queue orders the two. */
+static int sameSlices(const gcommOp_t* a, const gcommOp_t* b) {
+  return a->func == b->func && a->count == b->count && a->datatype == b->datatype &&
+         a->sendbuff == b->sendbuff && a->recvbuff == b->recvbuff && a->root == b->root &&
+         a->peer == b->peer && a->nWorks == b->nWorks && a->proto == b->proto;
+}
+
+/* Whether an operation writes memory the other reads or writes, on this rank. */
+static int opsConflict(gcommComm_t comm, const gcommOp_t* a, const gcommOp_t* b) {
+  size_t aIn, aOut, bIn, bOut, aEsz = gcommTypeSize(a->datatype), bEsz = gcommTypeSize(b->datatype);
+  bufferCounts(a, comm->rank, comm->nranks, &aIn, &aOut);
+  bufferCounts(b, comm->rank, comm->nranks, &bIn, &bOut);
+  aIn *= aEsz, aOut *= aEsz, bIn *= bEsz, bOut *= bEsz;
+  return rangesMeet(a->recvbuff, aOut, b->sendbuff, bIn) ||
+         rangesMeet(a->recvbuff, aOut, b->recvbuff, bOut) ||
+         rangesMeet(b->recvbuff, bOut, a->sendbuff, aIn);
+}
+
+/* Host operations run in call order wherever they share memory, as on a stream: each queue runs
+ * its works in order, but queues (channels, and each peer's sends and receives) run on their
+ * own, so a work of an operation whose memory an earlier one, posted in another call or group,
+ * still uses on another queue waits until that one has finished. Operations split alike
+ * (sameSlices, e.g. the same all-reduce again) need no wait. A group's operations run
+ * concurrently, as NCCL's do. Once true it stays true: earlier operations only finish. */
+static int opMayStart(gcommComm_t comm, gcommOp_t* op) {
+  if (op->mayStart) return 1;
+  for (const gcommOp_t* e = op->prevActive; e != NULL; e = e->prevActive)
+    if (e->batch != op->batch && !sameSlices(e, op) && opsConflict(comm, e, op)) return 0;
+  op->mayStart = 1;
+  return 1;
+}
+
+
+/* Whether a network send by reference on a lane other than lane (another channel's, or a send's)
+ * still reads [p, p + len). Its operation may have finished: the message goes out later. */
+static int refOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t len) {
+  for (int l = 0; l < comm->nLanes; l++)
+    if (l != lane && refOverlaps(comm, l, p, len, -1, 0) >= 0) return 1;
+  return 0;
+}
+
+/* The memory w may write: its slice of the output where the channels split one buffer, else the
+ * call's whole output (NULL when it writes none). */
+static const char* workOutput(gcommComm_t comm, const gcommWork_t* w, size_t* len) {
+  const gcommOp_t* op = w->op;
+  size_t esz = gcommTypeSize(op->datatype), in, out;
+  bufferCounts(op, comm->rank, comm->nranks, &in, &out);
+  *len = 0;
+  if (op->recvbuff == NULL || out == 0) return NULL;
+  switch (op->func) {
+    case gcommFuncAllReduce:
+    case gcommFuncBroadcast:
+    case gcommFuncReduce:
+    case gcommFuncRecv:
+      *len = w->sched.chanCount * esz;
+      return (const char*)op->recvbuff + w->sched.chanOff * esz;
+    default:
+      *len = out * esz;
+      return op->recvbuff;
+  }
+}
+
+/* Whether w may run its first step: its operation may start (opMayStart) and, between nodes, no
+ * send by reference of another lane still reads what it writes. */
+static int workMayStart(gcommComm_t comm, gcommWork_t* w) {
+  if (!opMayStart(comm, w->op)) return 0;
+  size_t len;
+  const char* out = workOutput(comm, w, &len);
+  return !spansNodes(comm) || !refOverlapsElsewhere(comm, w->lane, out, len);
+}
+
 #ifdef GCOMM_OFI
 /* Steps [0, upTo) of schedule s that receive from (isRecv) or send to rank peer: the messages
  * they take from, or give to, that peer's FIFO. */
@@ -620,11 +694,13 @@ char* gcommNetDirectTarget(gcommComm_t comm, gcommConn_t* c, uint64_t s, size_t*
         sent += toPeer;
         continue;
       }
-      /* step k takes FIFO step s: a plain copy of the message into the output */
-      if (st.recvPeer[1] >= 0 || st.reduce || st.postOp || src != NULL || dst == NULL || len == 0 ||
+      /* step k takes FIFO step s: a plain copy of the message into the output, once no earlier
+       * operation on another lane still uses that memory */
+      if (!opMayStart(comm, w->op) || st.recvPeer[1] >= 0 || st.reduce || st.postOp || src != NULL || dst == NULL || len == 0 ||
           len > c->slotBytes)
         return NULL;
       /* what else uses that memory first must be over by the time the message can come */
+      if (refOverlapsElsewhere(comm, lane, dst, len)) return NULL;
       int used = refOverlaps(comm, lane, dst, len, -1, 0) >= 0;
       for (int i = 0; i < nTouched && !used; i++)
         used = rangesMeet(touched[i].p, touched[i].len, dst, len);
@@ -941,6 +1017,14 @@ static void dumpSignalHandler(int sig) {
 }
 
 static void opFinished(gcommComm_t comm, gcommOp_t* op) {
+  if (op->prevActive)
+    op->prevActive->nextActive = op->nextActive;
+  else
+    comm->activeHead = op->nextActive;
+  if (op->nextActive)
+    op->nextActive->prevActive = op->prevActive;
+  else
+    comm->activeTail = op->prevActive;
   free(op);
   __atomic_add_fetch(&comm->opsDone, 1, __ATOMIC_RELEASE);
   if (__atomic_load_n(&comm->waiters, __ATOMIC_ACQUIRE) > 0) {
@@ -970,6 +1054,13 @@ static void fetchPosted(gcommComm_t comm, long max) {
     gcommOp_t* op = comm->postedHead;
     __atomic_store_n(&comm->postedHead, op->next, __ATOMIC_RELEASE);
     if (op->next == NULL) comm->postedTail = NULL;
+    op->prevActive = comm->activeTail;
+    op->nextActive = NULL;
+    if (comm->activeTail)
+      comm->activeTail->nextActive = op;
+    else
+      comm->activeHead = op;
+    comm->activeTail = op;
     for (int i = 0; i < op->nWorks; i++) {
       gcommWork_t* w = &op->works[i];
       gcommQueue_t* q = &comm->queues[w->queue];
@@ -1094,6 +1185,7 @@ static int progressPass(gcommComm_t comm) {
     gcommWork_t* w;
     while ((w = comm->queues[q].head) != NULL) {
       gcommResult_t res = gcommSuccess;
+      if (w->step == 0 && !workMayStart(comm, w)) break;
       int ran = advanceWork(comm, w, &res);
       if (ran < 0) {
         setAsyncError(comm, res);
@@ -1275,6 +1367,8 @@ static gcommResult_t postOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail,
   GCOMM_CHECK(startThreadOnce(comm));
   pthread_mutex_lock(&comm->postLock);
   __atomic_add_fetch(&comm->opsPosted, n, __ATOMIC_ACQ_REL);
+  comm->batches++;
+  for (gcommOp_t* op = head; op != NULL; op = op->next) op->batch = comm->batches;
   if (comm->postedTail)
     comm->postedTail->next = head;
   else

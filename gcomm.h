@@ -126,7 +126,9 @@ gcommResult_t gcommCommDevice(const gcommComm_t comm, int* device);
 
 /* ---- Collectives ----
  * Enqueue and return. On a GPU communicator they are ordered on stream; on a host communicator
- * (stream NULL) they run asynchronously and complete at gcommWait(comm, NULL). In-place: sendbuff
+ * (stream NULL) they run asynchronously and complete at gcommWait(comm, NULL), each call after
+ * the earlier ones whose buffers it shares (as on a stream; a group's calls run together, so they
+ * must not write what another of the group uses). In-place: sendbuff
  * == recvbuff for AllReduce, Broadcast, Reduce; recvbuff == sendbuff + rank*recvcount for
  * ReduceScatter and Scatter; sendbuff == recvbuff + rank*sendcount for AllGather and Gather. Any
  * other overlap is rejected. */

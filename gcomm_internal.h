@@ -150,6 +150,12 @@ typedef struct gcommWork {
 
 struct gcommOp {
   gcommOp_t* next; /* in the posted list */
+  /* Host communicators: the operations the engine holds, in call order (gcommComm.activeHead).
+   * batch: the post it came in, one call or one group; a batch's operations run concurrently, and
+   * an operation waits for earlier batches' operations whose memory it shares (opMayStart). */
+  gcommOp_t *prevActive, *nextActive;
+  uint64_t batch;
+  int mayStart; /* no earlier unfinished operation shares its memory any more */
   int func, algo, proto, datatype, redop, root, peer, nChannels;
   const void* sendbuff;
   void* recvbuff;
@@ -240,6 +246,8 @@ struct gcommComm {
   pthread_mutex_t postLock;
   pthread_cond_t postCond; /* posted work or stop, for the sleeping progress thread */
   gcommOp_t *postedHead, *postedTail;
+  uint64_t batches;                   /* posts so far (under postLock): gcommOp.batch */
+  gcommOp_t *activeHead, *activeTail; /* fetched, unfinished operations in call order */
   int nQueues;
   gcommQueue_t* queues;
   long nActiveWorks;

@@ -1,7 +1,8 @@
 /*
  * test_random.c - a random sequence of valid and invalid calls for TEST_RANDOM_SECONDS (default
  * 4): collectives (every function, datatype and op, counts up to 200k, in place or not, any root),
- * groups of collectives with a ring of sends and receives, splits (colors, NOCOLOR, reversed keys,
+ * groups of collectives with a ring of sends and receives, chains of int32 collectives posted one
+ * call after another on overlapping memory before one wait, splits (colors, NOCOLOR, reversed keys,
  * poll or thread mode) and destroys, and on each rank on its own, invalid calls (bad arguments,
  * a stream on a host communicator, GroupEnd without GroupStart), alone or inside a group.
  * Every rank draws the same valid sequence from the run's seed (printed; TEST_SEED=0x... repeats
@@ -27,7 +28,7 @@ typedef struct {
 
 static Slot pool[POOL];
 static uint64_t rngShared, rngLocal;
-static long nColls, nGroups, nSplits, nInvalid;
+static long nColls, nGroups, nChains, nSplits, nInvalid;
 
 static uint64_t next(uint64_t* s) {
   *s = tlMix(*s);
@@ -260,6 +261,156 @@ static void group(Slot* s) {
   nGroups++;
 }
 
+/* A chain: 2-5 int32 sum collectives posted one call after another on one arena of memory (on
+ * chainComm, whose small FIFOs split even small calls over several channels), the
+ * regions of each chosen at random (in place or not), so that later calls read and write what
+ * earlier ones still use, with one wait at the end. gcomm runs a host communicator's calls in
+ * order wherever they share memory, as a stream would. Reference: the same chain run serially on
+ * every member's arena (its input is known to all). */
+#define ARENA (1 << 20) /* int32 elements of each rank's arena: two halves of HALF */
+#define HALF (ARENA / 2)
+typedef struct {
+  int func, root;
+  size_t count, in, out;     /* elements: count, and the largest extent of each buffer */
+  size_t sOff[64], dOff[64]; /* each member's buffers, as offsets into its arena */
+} ChainOp;
+
+/* Ranks in other splits draw alike (the shared sequence), so the draws never depend on n; the
+ * members scale them to their n. */
+static void drawChainOp(ChainOp* o, int n) {
+  enum { FRACTION = 1 << 20 }; /* draws in [0, FRACTION) scaled to a range */
+  o->func = (int)pick(8);
+  unsigned root = pick(64), large = pick(2) == 0, size = pick(FRACTION), place = pick(3);
+  unsigned sendHigh = pick(2), at[2] = {pick(FRACTION), pick(FRACTION)};
+  if (n == 0) return;
+  o->root = (int)(root % (unsigned)n);
+  size_t c = o->count = large ? size * (HALF / n + 1) / FRACTION : size % 3000;
+  int multiIn = o->func == ReduceScatter || o->func == AllToAll || o->func == Scatter;
+  int multiOut = o->func == AllGather || o->func == AllToAll || o->func == Gather;
+  o->in = multiIn ? c * n : c;
+  o->out = multiOut ? c * n : c;
+  if (o->func != AllToAll && place == 0) { /* gcomm.h's in-place layouts */
+    size_t extent = o->in > o->out ? o->in : o->out;
+    size_t base = at[0] * (ARENA - extent + 1) / FRACTION;
+    for (int r = 0; r < n; r++) {
+      o->sOff[r] = base + (o->func == AllGather || o->func == Gather ? r * c : 0);
+      o->dOff[r] = base + (o->func == ReduceScatter || o->func == Scatter ? r * c : 0);
+    }
+    return;
+  }
+  size_t sendHalf = sendHigh * HALF, recvHalf = HALF - sendHalf; /* never overlapping */
+  size_t sOff = sendHalf + at[0] * (HALF - o->in + 1) / FRACTION;
+  size_t dOff = recvHalf + at[1] * (HALF - o->out + 1) / FRACTION;
+  for (int r = 0; r < n; r++) o->sOff[r] = sOff, o->dOff[r] = dOff;
+}
+
+static gcommResult_t postChainOp(const ChainOp* o, int32_t* arena, int me, gcommComm_t comm) {
+  int32_t *sb = arena + o->sOff[me], *rb = arena + o->dOff[me];
+  size_t c = o->count;
+  switch (o->func) {
+    case AllReduce:
+      return gcommAllReduce(sb, rb, c, gcommInt32, gcommSum, comm, NULL);
+    case Broadcast:
+      return gcommBroadcast(sb, rb, c, gcommInt32, o->root, comm, NULL);
+    case Reduce:
+      return gcommReduce(sb, rb, c, gcommInt32, gcommSum, o->root, comm, NULL);
+    case AllGather:
+      return gcommAllGather(sb, rb, c, gcommInt32, comm, NULL);
+    case ReduceScatter:
+      return gcommReduceScatter(sb, rb, c, gcommInt32, gcommSum, comm, NULL);
+    case AllToAll:
+      return gcommAllToAll(sb, rb, c, gcommInt32, comm, NULL);
+    case Gather:
+      return gcommGather(sb, rb, c, gcommInt32, o->root, comm, NULL);
+    default:
+      return gcommScatter(sb, rb, c, gcommInt32, o->root, comm, NULL);
+  }
+}
+
+/* The serial reference of one call on every member's arena (a[r]); tmp holds ARENA elements. */
+static void runChainOp(const ChainOp* o, int32_t** a, int n, int32_t* tmp) {
+  size_t c = o->count;
+  const size_t *s = o->sOff, *d = o->dOff;
+  int root = o->root;
+  switch (o->func) {
+    case AllReduce:
+    case Reduce:
+      for (size_t k = 0; k < c; k++) {
+        uint32_t sum = 0; /* int32 sums wrap */
+        for (int r = 0; r < n; r++) sum += (uint32_t)a[r][s[r] + k];
+        tmp[k] = (int32_t)sum;
+      }
+      for (int r = 0; r < n; r++)
+        if (o->func == AllReduce || r == root) memcpy(a[r] + d[r], tmp, c * 4);
+      break;
+    case Broadcast:
+      memcpy(tmp, a[root] + s[root], c * 4);
+      for (int r = 0; r < n; r++) memcpy(a[r] + d[r], tmp, c * 4);
+      break;
+    case AllGather:
+    case Gather:
+      for (int r = 0; r < n; r++) memcpy(tmp + r * c, a[r] + s[r], c * 4);
+      for (int r = 0; r < n; r++)
+        if (o->func == AllGather || r == root) memcpy(a[r] + d[r], tmp, c * n * 4);
+      break;
+    case ReduceScatter:
+      for (size_t k = 0; k < c * n; k++) {
+        uint32_t sum = 0;
+        for (int r = 0; r < n; r++) sum += (uint32_t)a[r][s[r] + k];
+        tmp[k] = (int32_t)sum;
+      }
+      for (int r = 0; r < n; r++) memcpy(a[r] + d[r], tmp + r * c, c * 4);
+      break;
+    case AllToAll: /* rank r's block q goes to rank q's block r (never in place) */
+      for (int r = 0; r < n; r++)
+        for (int q = 0; q < n; q++) memcpy(a[q] + d[q] + r * c, a[r] + s[r] + q * c, c * 4);
+      break;
+    default: /* Scatter */
+      memcpy(tmp, a[root] + s[root], c * n * 4);
+      for (int r = 0; r < n; r++) memcpy(a[r] + d[r], tmp + r * c, c * 4);
+  }
+}
+
+static gcommComm_t chainComm; /* the world with small FIFOs and 4 channels: many queues */
+
+static void chain(void) {
+  Slot world = {1, chainComm, {0}, tlNranks}, *s = &world;
+  for (int r = 0; r < tlNranks; r++) world.members[r] = r;
+  int n = s->comm ? s->n : 0, nOps = 2 + (int)pick(4), me = 0;
+  ChainOp ops[5];
+  uint64_t seed = next(&rngShared);
+  for (int i = 0; i < nOps; i++) drawChainOp(&ops[i], n);
+  if (s->comm == NULL) return;
+  gcommCommUserRank(s->comm, &me);
+  int32_t* a[64];
+  for (int r = 0; r < n; r++) {
+    a[r] = malloc(ARENA * sizeof(int32_t));
+    for (size_t k = 0; k < ARENA; k++) a[r][k] = input(seed, s->members[r], k);
+  }
+  TlBuf mine = tlBufAlloc(ARENA * sizeof(int32_t), 0);
+  int32_t* arena = (int32_t*)mine.ptr;
+  memcpy(arena, a[me], ARENA * sizeof(int32_t));
+  for (int i = 0; i < nOps; i++) TL_OK(s->comm, postChainOp(&ops[i], arena, me, s->comm));
+  TL_OK(s->comm, gcommWait(s->comm, NULL));
+  int32_t* tmp = malloc(ARENA * sizeof(int32_t));
+  for (int i = 0; i < nOps; i++) runChainOp(&ops[i], a, n, tmp);
+  for (size_t k = 0; k < ARENA && !tlLocalFailed; k++)
+    if (arena[k] != a[me][k]) {
+      char calls[256];
+      int len = 0;
+      for (int i = 0; i < nOps; i++)
+        len += snprintf(calls + len, sizeof(calls) - len, " %s(count %zu, in %zu, out %zu)",
+                        funcNames[ops[i].func], ops[i].count, ops[i].sOff[me], ops[i].dOff[me]);
+      tlFail("chain on %d ranks:%s: element %zu is %d, expected %d", n, calls, k, arena[k],
+             a[me][k]);
+    }
+  tlBufCheckGuards(&mine, "chain arena");
+  tlBufFree(&mine);
+  for (int r = 0; r < n; r++) free(a[r]);
+  free(tmp);
+  nChains++;
+}
+
 int main(int argc, char** argv) {
   tlInit(&argc, &argv);
   double budget = getenv("TEST_RANDOM_SECONDS") ? atof(getenv("TEST_RANDOM_SECONDS")) : 4;
@@ -272,9 +423,11 @@ int main(int argc, char** argv) {
   pool[0].n = tlNranks;
   pool[0].made = 1;
   for (int r = 0; r < tlNranks; r++) pool[0].members[r] = r;
+  chainComm = tlCommInitEnv(MPI_COMM_WORLD, "GCOMM_BUFFSIZE=32K GCOMM_NCHANNELS=4", -1);
   if (!tlReport("random: init")) return tlFinish("test_random");
   if (tlNranks > 64) { /* members[] */
     tlCommDestroy(pool[0].comm);
+    tlCommDestroy(chainComm);
     return tlFinish("test_random");
   }
   double t0 = tlNow();
@@ -285,8 +438,10 @@ int main(int argc, char** argv) {
     if (s != &pool[0] && (action == 0 || !s->made)) { /* destroy (if any) and split again */
       if (s->comm) TL_OK(s->comm, gcommCommDestroy(s->comm));
       split((int)(s - pool), 1 + (int)pick(3), (int)pick(4), (int)pick(2));
-    } else if (action < 4) {
+    } else if (action < 3) {
       group(s);
+    } else if (action == 3) {
+      chain();
     } else {
       Call c;
       postColl(s, &c);
@@ -308,13 +463,14 @@ int main(int argc, char** argv) {
   }
   for (int i = 1; i < POOL; i++)
     if (pool[i].comm) TL_OK(pool[i].comm, gcommCommDestroy(pool[i].comm));
-  long mine[4] = {nColls, nGroups, nSplits, nInvalid}, all[4];
-  MPI_Allreduce(mine, all, 4, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+  long mine[5] = {nColls, nGroups, nChains, nSplits, nInvalid}, all[5];
+  MPI_Allreduce(mine, all, 5, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
   tlReport(
-      "random: %ld steps in %.1f s (%ld collective calls, %ld groups, %ld splits, %ld invalid "
-      "calls over all ranks), seed 0x%llx",
-      iter, tlNow() - t0, all[0], all[1], all[2], all[3], (unsigned long long)tlSeed);
+      "random: %ld steps in %.1f s (%ld collective calls, %ld groups, %ld chains, %ld splits, %ld "
+      "invalid calls over all ranks), seed 0x%llx",
+      iter, tlNow() - t0, all[0], all[1], all[2], all[3], all[4], (unsigned long long)tlSeed);
   tlCommDestroy(pool[0].comm);
+  tlCommDestroy(chainComm);
   tlReport("random: destroy");
   return tlFinish("test_random");
 }
