@@ -561,7 +561,6 @@ static int opMayStart(gcommComm_t comm, gcommOp_t* op) {
   return 1;
 }
 
-
 /* Whether a network send by reference on a lane other than lane (another channel's, or a send's)
  * still reads [p, p + len). Its operation may have finished: the message goes out later. */
 static int refOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t len) {
@@ -696,8 +695,8 @@ char* gcommNetDirectTarget(gcommComm_t comm, gcommConn_t* c, uint64_t s, size_t*
       }
       /* step k takes FIFO step s: a plain copy of the message into the output, once no earlier
        * operation on another lane still uses that memory */
-      if (!opMayStart(comm, w->op) || st.recvPeer[1] >= 0 || st.reduce || st.postOp || src != NULL || dst == NULL || len == 0 ||
-          len > c->slotBytes)
+      if (!opMayStart(comm, w->op) || st.recvPeer[1] >= 0 || st.reduce || st.postOp ||
+          src != NULL || dst == NULL || len == 0 || len > c->slotBytes)
         return NULL;
       /* what else uses that memory first must be over by the time the message can come */
       if (refOverlapsElsewhere(comm, lane, dst, len)) return NULL;
