@@ -2,11 +2,14 @@
 """perf_table.py - turn gcomm_perf logs (several backends in one run) into markdown tables.
 
   tools/perf_table.py LOG... [--sizes 8,32K,2M,16M,128M,1G] [--vs nccl|mpi] [--coll allreduce,...]
+                      [--bar 1M]
 
 One log: a row per collective and size, with the time and busbw (out-of-place, plus in-place busbw)
 of gcomm and of the other backend, and their busbw ratio. Several logs (runs of one command): a row
 per collective and size, with each run's busbw ratio gcomm/other out of place / in place and their
 medians: a machine that drifts shows in the spread, and no single run stands for the others.
+--bar SIZE: then, per log, whether gcomm's busbw is at least the other's at every size from SIZE,
+out of place and in place (issue 4's bar), and in how many logs it is.
 """
 import argparse
 import re
@@ -64,12 +67,30 @@ def ratio_table(runs, colls, sizes, other):
             print(f"| {c} | {pretty(s)} | {cells} | **{med[0]:.2f} / {med[1]:.2f}** |")
 
 
+def bar_table(paths, runs, colls, other, least):
+    """Per run: the sizes from `least` at which gcomm's busbw is below the other's."""
+    met = 0
+    print(f"\n| run | sizes from {pretty(least)} where gcomm is behind (ratio out of place / in place) |")
+    print("|---|---|")
+    for path, rows in zip(paths, runs):
+        behind = []
+        for c in colls:
+            for s in sorted({k[2] for k in rows if k[0] == c and k[2] >= least}):
+                g, o = rows.get((c, "gcomm", s)), rows.get((c, other, s))
+                if g and o and (g[1] < o[1] or g[2] < o[2]):
+                    behind.append(f"{pretty(s)} {g[1] / o[1]:.2f} / {g[2] / o[2]:.2f}")
+        met += not behind
+        print(f"| {path} | {', '.join(behind) if behind else 'none: bar met'} |")
+    print(f"\nbar met in {met} of {len(runs)} runs")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("log", nargs="+")
     ap.add_argument("--sizes", default="")
     ap.add_argument("--vs", default="nccl")
     ap.add_argument("--coll", default="")
+    ap.add_argument("--bar", default="")
     a = ap.parse_args()
     runs = [read_rows(path) for path in a.log]
     rows = runs[0]
@@ -78,6 +99,8 @@ def main():
     other = a.vs
     if len(runs) > 1:
         ratio_table(runs, colls, sizes, other)
+        if a.bar:
+            bar_table(a.log, runs, colls, other, parse_size(a.bar))
         return
     print(f"| collective | size | gcomm time (us) | {other} time (us) | gcomm busbw (GB/s) | "
           f"{other} busbw (GB/s) | gcomm in-place busbw | {other} in-place busbw | gcomm/{other} busbw |")
