@@ -465,10 +465,10 @@ static int spansNodes(gcommComm_t comm) {
   return comm->nLocal < comm->nranks;
 }
 
-/* Whether threads in gcommWait run the progress passes themselves (host communicators between
- * nodes, thread mode: see gcommWait), the progress thread serving only work nobody waits on. */
+/* Whether threads in gcommWait run the progress passes themselves (host communicators, thread
+ * mode: see gcommWait), the progress thread serving only work nobody waits on. */
 static int waitersDrive(gcommComm_t comm) {
-  return comm->device < 0 && spansNodes(comm);
+  return comm->device < 0;
 }
 
 /* A GPU communicator whose kernels stage data to other nodes through network FIFOs in pinned
@@ -1302,7 +1302,7 @@ static void* progressThread(void* arg) {
     /* waiting on peers: back off. Nothing at all to do for a while: sleep until a post (a GPU
      * communicator's launch signals too, and kernels may start later, as graphs do: a GPU
      * communicator with a proxy, network or copy engines, looks every millisecond). Where
-     * waiting threads drive (host communicators between nodes), this thread matters only for
+     * waiting threads drive (host communicators), this thread matters only for
      * work nobody waits on, which a post wakes it for: it sleeps as soon as nothing is left
      * instead of yielding for 1 ms, which took the core from whatever the caller did next. */
     int idleUs = (int)backoff(&idleSince, mayNap);
@@ -2481,10 +2481,11 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
                        "stream must be NULL on a host communicator");
   uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
   int poll = comm->params.proxyMode == GCOMM_PROXY_POLL;
-  /* Between nodes a waiting thread runs the passes itself, as in poll mode, and the engine thread
-   * sleeps meanwhile: no hand-off from one thread to the other on the critical path (small
-   * all-reduces over tcp: 12 against 40-60 us), and no second thread taking turns on the lock
-   * and the cores (each of its waits on the lock cost a futex wake: docs/PERF.md). */
+  /* A waiting thread runs the passes itself, as in poll mode, and the engine thread sleeps
+   * meanwhile: no hand-off from one thread to the other on the critical path (small all-reduces
+   * over tcp: 12 against 40-60 us; in a node on 2 cores: 3 against 16 us), and no second thread
+   * taking turns on the lock and the cores (each of its waits on the lock cost a futex wake:
+   * docs/PERF.md). The engine thread serves work posted while nobody waits. */
   int drive = !poll && waitersDrive(comm);
   if (drive) __atomic_add_fetch(&comm->drivers, 1, __ATOMIC_SEQ_CST);
   gcommResult_t res = waitDone(comm, target, poll, drive);
