@@ -1298,6 +1298,7 @@ static void* progressThread(void* arg) {
       continue;
     }
     int mayNap = !netBusy(comm);
+    int nothingLeft = mayNap && comm->nActiveWorks == 0 && !netPending(comm); /* under the lock */
     pthread_mutex_unlock(&comm->progressLock);
     /* waiting on peers: back off. Nothing at all to do for a while: sleep until a post (a GPU
      * communicator's launch signals too, and kernels may start later, as graphs do: a GPU
@@ -1306,8 +1307,7 @@ static void* progressThread(void* arg) {
      * work nobody waits on, which a post wakes it for: it sleeps as soon as nothing is left
      * instead of yielding for 1 ms, which took the core from whatever the caller did next. */
     int idleUs = (int)backoff(&idleSince, mayNap);
-    if ((idleUs > 1000 || waitersDrive(comm)) && mayNap && comm->nActiveWorks == 0 &&
-        !netPending(comm)) {
+    if ((idleUs > 1000 || waitersDrive(comm)) && nothingLeft) {
       int timedOut = 0;
       pthread_mutex_lock(&comm->postLock);
       if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
