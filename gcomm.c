@@ -2191,6 +2191,11 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
   op->nChannels = nch;
   op->seq = isP2p ? 0 : __atomic_fetch_add(&comm->collSeq, 1, __ATOMIC_RELAXED); /* dumps read it */
   op->tag = comm->params.checkMismatch ? opTag(op) : 0;
+  /* one rank in place: nothing to move (no launch, no engine pass) */
+  if (n == 1 && isInPlace(args, 0, esz)) {
+    op->nWorksLeft = 0;
+    return op;
+  }
   size_t align = esz >= 16 ? 1 : 16 / esz;
   size_t slotPayload = proto == gcommProtoLL ? GCOMM_LL_SLOT_PAYLOAD : comm->slotBytes;
   size_t chunk = (slotPayload / esz) / align * align;
