@@ -945,6 +945,11 @@ static void noteCurrent(gcommComm_t comm, const gcommWork_t* w) {
  * or the deadline passed. */
 static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int isRecv) {
   uint64_t now = gcommNowNs();
+#ifdef GCOMM_OFI
+  const char* lost =
+      gcommNetFailure(comm, isRecv ? recvConn(comm, w->lane, peer) : sendConn(comm, w->lane, peer));
+  if (lost != NULL) return gcommSetError(comm, gcommRemoteError, peer, "progress", "%s", lost);
+#endif
   if (w->waitSinceNs == 0 || w->waitPeer != peer) {
     w->waitSinceNs = now;
     w->waitPeer = peer;
@@ -1229,13 +1234,17 @@ static int progressPass(gcommComm_t comm) {
   return moved;
 }
 
-/* Slots handed to the network and not yet delivered: the engine must keep running for them even
- * though every operation has finished (in poll mode gcommWait keeps driving it). */
-static int netPending(gcommComm_t comm) {
+/* Slots handed to the network and not yet sent (withCredits: or credits owed to peers): the
+ * engine keeps running for them after every operation has finished. gcommWait waits for the
+ * slots, which may read the caller's memory, but not for the credits: they only tell a peer
+ * about receives posted ahead for later operations, and a peer that has destroyed its
+ * communicator never takes them (a wait for one hung). */
+static int netPending(gcommComm_t comm, int withCredits) {
 #ifdef GCOMM_OFI
-  return gcommNetSendsPending(comm);
+  return gcommNetSendsPending(comm, withCredits);
 #else
   (void)comm;
+  (void)withCredits;
   return 0;
 #endif
 }
@@ -1249,7 +1258,7 @@ static int netBusy(gcommComm_t comm) {
   if (hasGpuProxy(comm) && gcommDeviceKernelsWaiting(comm)) return 1;
 #endif
 #ifdef GCOMM_OFI
-  return comm->net != NULL && (comm->nActiveWorks > 0 || gcommNetSendsPending(comm));
+  return comm->net != NULL && (comm->nActiveWorks > 0 || gcommNetSendsPending(comm, 0));
 #else
   (void)comm;
   return 0;
@@ -1298,7 +1307,7 @@ static void* progressThread(void* arg) {
       continue;
     }
     int mayNap = !netBusy(comm);
-    int nothingLeft = mayNap && comm->nActiveWorks == 0 && !netPending(comm); /* under the lock */
+    int nothingLeft = mayNap && comm->nActiveWorks == 0 && !netPending(comm, 1); /* under lock */
     pthread_mutex_unlock(&comm->progressLock);
     /* waiting on peers: back off. Nothing at all to do for a while: sleep until a post (a GPU
      * communicator's launch signals too, and kernels may start later, as graphs do: a GPU
@@ -2416,7 +2425,7 @@ gcommResult_t gcommProgress(gcommComm_t comm) {
 }
 
 static int allDone(gcommComm_t comm, uint64_t target) {
-  return __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE) >= target && !netPending(comm);
+  return __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE) >= target && !netPending(comm, 0);
 }
 
 /* The result of finished work: the communicator's error if it stopped, else success. */

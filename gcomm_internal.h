@@ -353,9 +353,12 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved);
  * c->holdRecvs is set, the FIFO step after those they take. */
 char* gcommNetDirectTarget(gcommComm_t comm, gcommConn_t* c, uint64_t s, size_t* bytes,
                            uint64_t* queuedUntil);
-/* Whether filled slots are not all sent or credits not all told (0 once the comm failed): the
- * engine must keep running for them even when every operation has finished. */
-int gcommNetSendsPending(gcommComm_t comm);
+/* Whether filled slots are not all sent, or (withCredits) credits owed to peers not all told (0
+ * once the comm failed): the engine keeps running for them after every operation has finished. */
+int gcommNetSendsPending(gcommComm_t comm, int withCredits);
+/* The failure of conn's network connection (a receive or credit that failed: the peer reset it),
+ * or NULL. */
+const char* gcommNetFailure(gcommComm_t comm, const gcommConn_t* conn);
 void gcommNetFree(gcommComm_t comm);
 #endif
 

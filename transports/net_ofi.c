@@ -102,6 +102,10 @@ typedef struct {
 struct netConn {
   gcommConn_t* conn; /* the executor's view: fifo, slots, slotBytes */
   int peer, lane, isSend;
+  /* the first failure of a receive or credit here (a peer that destroyed its communicator or
+   * died): nothing more is posted, and it becomes the communicator's error only when a step
+   * waits on this connection (gcommNetFailure) or slots filled for it can never go */
+  char failure[320];
   fi_addr_t addr;
   struct fid_mr* mr; /* this FIFO's own registration; NULL inside the shared region */
   void* desc;
@@ -449,6 +453,22 @@ static gcommResult_t postFailed(gcommComm_t comm, netConn_t* nc, const char* wha
                      what, nc->peer, nc->lane, (unsigned long long)step, fi_strerror((int)-rc));
 }
 
+/* A receive or a credit failed: a receive may be one posted ahead for a later operation, a credit
+ * only serves later ones, and a peer that destroyed its communicator resets its connections while
+ * this rank may still finish its own part. So the failure waits until something needs the
+ * connection (gcommNetFailure, and gcommNetProgress for slots filled for it). */
+static void connFailed(netConn_t* nc, const char* msg) {
+  if (nc->failure[0] == 0) snprintf(nc->failure, sizeof(nc->failure), "%s", msg);
+}
+
+const char* gcommNetFailure(gcommComm_t comm, const gcommConn_t* conn) {
+  struct gcommNet* net = comm->net;
+  for (int i = 0; net != NULL && i < net->nConns; i++)
+    if (net->conns[i]->conn == conn)
+      return net->conns[i]->failure[0] ? net->conns[i]->failure : NULL;
+  return NULL;
+}
+
 /* The request of step s's slot, taken for step s. */
 static netReq_t* slotReq(netConn_t* nc, uint64_t s) {
   netReq_t* req = &nc->reqs[s % GCOMM_STEPS];
@@ -460,6 +480,10 @@ static netReq_t* slotReq(netConn_t* nc, uint64_t s) {
 /* Posts what can be posted on a sending connection: the credit receive, then sends of the filled
  * slots the receiver has receives for. -FI_EAGAIN: the provider needs progress (the CQ read). */
 static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t* nc, int* moved) {
+  if (nc->failure[0] != 0) /* its slots can never go: an error once some are filled */
+    return __atomic_load_n(&nc->conn->fifo->tail, __ATOMIC_ACQUIRE) == nc->done
+               ? gcommSuccess
+               : GCOMM_ERROR(comm, gcommRemoteError, nc->peer, "%s", nc->failure);
   if (!nc->creditPosted) {
     nc->creditReq.nc = nc;
     nc->creditReq.isCredit = NET_CREDIT_RECV;
@@ -506,6 +530,7 @@ static int creditDue(netConn_t* nc) {
 
 /* A receiving connection: receives into every free slot, then the credit that says so. */
 static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t* nc, int* moved) {
+  if (nc->failure[0] != 0) return gcommSuccess; /* gcommNetFailure tells a step that waits */
   uint64_t limit = __atomic_load_n(&nc->conn->fifo->head, __ATOMIC_ACQUIRE) + GCOMM_STEPS;
   while (nc->posted < limit) {
     uint64_t s = nc->posted;
@@ -544,7 +569,12 @@ static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t*
       nc->creditInFlight = rc == 0;
     }
     if (rc == 0) __atomic_store_n(&nc->credit, nc->posted, __ATOMIC_RELAXED);
-    if (rc != 0 && rc != -FI_EAGAIN) return postFailed(comm, nc, "credit", 0, rc);
+    if (rc != 0 && rc != -FI_EAGAIN) {
+      char msg[sizeof(nc->failure)];
+      snprintf(msg, sizeof(msg), "network credit to rank %d failed on lane %d: %s", nc->peer,
+               nc->lane, fi_strerror((int)-rc));
+      connFailed(nc, msg);
+    }
   }
   return gcommSuccess;
 }
@@ -732,14 +762,20 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
         what =
             "the message is longer than this rank's call expects: the ranks made different "
             "calls (counts)";
-      return GCOMM_ERROR(comm, gcommRemoteError, peer,
-                         "network %s %s rank %d failed on lane %d step %llu: %s (%s)",
-                         req && req->isCredit     ? "credit"
-                         : req && req->nc->isSend ? "send"
-                                                  : "receive",
-                         req && req->nc->isSend ? "to" : "from", peer, req ? req->nc->lane : -1,
-                         req ? (unsigned long long)req->step : 0ull, fi_strerror(e.err),
-                         what ? what : "");
+      char msg[sizeof(req->nc->failure)];
+      snprintf(msg, sizeof(msg), "network %s %s rank %d failed on lane %d step %llu: %s (%s)",
+               req && req->isCredit     ? "credit"
+               : req && req->nc->isSend ? "send"
+                                        : "receive",
+               req && req->nc->isSend ? "to" : "from", peer, req ? req->nc->lane : -1,
+               req ? (unsigned long long)req->step : 0ull, fi_strerror(e.err), what ? what : "");
+      if (req == NULL || (req->nc->isSend && !req->isCredit)) /* data this rank sent is lost */
+        return GCOMM_ERROR(comm, gcommRemoteError, peer, "%s", msg);
+      connFailed(req->nc, msg);
+      if (req->isCredit == NET_CREDIT_SEND) req->nc->creditInFlight = 0;
+      if (req->isCredit == NET_CREDIT_RECV) req->nc->creditPosted = 0;
+      *moved = 1;
+      continue;
     }
     if (n < 0)
       return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_cq_read: %s", fi_strerror((int)-n));
@@ -781,7 +817,7 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
   return gcommSuccess;
 }
 
-int gcommNetSendsPending(gcommComm_t comm) {
+int gcommNetSendsPending(gcommComm_t comm, int withCredits) {
   struct gcommNet* net = comm->net;
   if (net == NULL || __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess) return 0;
   for (int i = 0; i < net->nConns; i++) {
@@ -789,7 +825,7 @@ int gcommNetSendsPending(gcommComm_t comm) {
     /* a send FIFO's head may wait for a credit after its sends completed (sendHead) */
     if (nc->isSend ? __atomic_load_n(&nc->conn->fifo->tail, __ATOMIC_ACQUIRE) !=
                          __atomic_load_n(&nc->done, __ATOMIC_RELAXED)
-                   : creditDue(nc))
+                   : withCredits && nc->failure[0] == 0 && creditDue(nc))
       return 1;
   }
   return 0;
