@@ -2097,7 +2097,8 @@ static void bufferCounts(const gcommOp_t* op, int rank, int n, size_t* inCount, 
 
 /* The in-place layouts of gcomm.h: the one overlap that is allowed. */
 static int isInPlace(const gcommOp_t* op, int rank, size_t esz) {
-  const char *in = op->sendbuff, *out = op->recvbuff;
+  /* as integers: a NULL buffer (one a rank does not use) plus an offset is undefined */
+  uintptr_t in = (uintptr_t)op->sendbuff, out = (uintptr_t)op->recvbuff;
   size_t blk = op->count * esz * rank;
   switch (op->func) {
     case gcommFuncAllReduce:
