@@ -77,13 +77,23 @@ PLUGINS  = $(patsubst examples/profiler/%.c,$(BUILD)/examples/libgcomm-profiler-
 
 all: $(BUILD)/libgcomm.a $(BUILD)/libgcomm.so $(EXAMPLES) $(TESTS) $(PLUGINS)
 
-$(BUILD)/obj/%.o: %.c $(LIB_HDR)
+# What $(BUILD) was last built with: every output depends on it, so that a make with other options
+# in the same folder (`make OFI=1 test-net` after `make run`, SAN=1, ...) rebuilds everything
+# instead of linking objects built without the network transport. Rewritten only when it changes.
+BUILD_CONFIG := $(MPICC) $(CFLAGS) $(LDFLAGS) $(LDLIBS) $(NVCCFLAGS) $(HIPFLAGS) $(PERF_FLAGS) $(PERF_LIBS)
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+$(shell mkdir -p $(BUILD) && echo '$(BUILD_CONFIG)' | cmp -s - $(BUILD)/config || \
+        echo '$(BUILD_CONFIG)' > $(BUILD)/config)
+endif
+CONFIG = $(BUILD)/config
+
+$(BUILD)/obj/%.o: %.c $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -c $< -o $@
-$(BUILD)/obj/gcomm_kernels.o: gcomm_kernels.cu $(LIB_HDR)
+$(BUILD)/obj/gcomm_kernels.o: gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-$(BUILD)/obj/gcomm_kernels_hip.o: gcomm_kernels.hip gcomm_kernels.cu $(LIB_HDR)
+$(BUILD)/obj/gcomm_kernels_hip.o: gcomm_kernels.hip gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(HIPCC) $(HIPFLAGS) -c $< -o $@
 
@@ -92,17 +102,17 @@ $(BUILD)/libgcomm.a: $(LIB_OBJ)
 $(BUILD)/libgcomm.so: $(LIB_OBJ)
 	$(MPICC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/gcomm_perf: examples/gcomm_perf.c $(BUILD)/libgcomm.a gcomm.h
+$(BUILD)/gcomm_perf: examples/gcomm_perf.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
-$(BUILD)/%: examples/%.c $(BUILD)/libgcomm.a gcomm.h
+$(BUILD)/%: examples/%.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
-$(BUILD)/examples/libgcomm-profiler-%.so: examples/profiler/%.c gcomm_profiler.h gcomm.h
+$(BUILD)/examples/libgcomm-profiler-%.so: examples/profiler/%.c gcomm_profiler.h gcomm.h $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
-$(BUILD)/test/plugins/libgcomm-profiler-%.so: test/plugins/%.c gcomm_profiler.h gcomm.h
+$(BUILD)/test/plugins/libgcomm-profiler-%.so: test/plugins/%.c gcomm_profiler.h gcomm.h $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
-$(BUILD)/test/%: test/%.c $(BUILD)/libgcomm.a gcomm.h $(wildcard test/*.h)
+$(BUILD)/test/%: test/%.c $(BUILD)/libgcomm.a gcomm.h $(wildcard test/*.h) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
 
@@ -146,7 +156,7 @@ clean:
 
 # GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1 NCCL_HOME=...]
 ifeq ($(CUDA),1)
-$(BUILD)/test/gpu/%: test/gpu/%.c $(BUILD)/libgcomm.a gcomm.h
+$(BUILD)/test/gpu/%: test/gpu/%.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
 gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/gcomm_perf $(PLUGINS)

@@ -593,10 +593,12 @@ static const char* workOutput(gcommComm_t comm, const gcommWork_t* w, size_t* le
 /* Whether w may run its first step: its operation may start (opMayStart) and, between nodes, no
  * send by reference of another lane still reads what it writes. */
 static int workMayStart(gcommComm_t comm, gcommWork_t* w) {
+  if (w->mayStart) return 1;
   if (!opMayStart(comm, w->op)) return 0;
   size_t len;
   const char* out = workOutput(comm, w, &len);
-  return !spansNodes(comm) || !refOverlapsElsewhere(comm, w->lane, out, len);
+  w->mayStart = !spansNodes(comm) || !refOverlapsElsewhere(comm, w->lane, out, len);
+  return w->mayStart;
 }
 
 #ifdef GCOMM_OFI
@@ -945,11 +947,9 @@ static void noteCurrent(gcommComm_t comm, const gcommWork_t* w) {
  * or the deadline passed. */
 static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int isRecv) {
   uint64_t now = gcommNowNs();
-#ifdef GCOMM_OFI
   const char* lost =
-      gcommNetFailure(comm, isRecv ? recvConn(comm, w->lane, peer) : sendConn(comm, w->lane, peer));
+      (isRecv ? recvConn(comm, w->lane, peer) : sendConn(comm, w->lane, peer))->netFailure;
   if (lost != NULL) return gcommSetError(comm, gcommRemoteError, peer, "progress", "%s", lost);
-#endif
   if (w->waitSinceNs == 0 || w->waitPeer != peer) {
     w->waitSinceNs = now;
     w->waitPeer = peer;

@@ -127,6 +127,9 @@ typedef struct {
    * (gcommNetDirectTarget); small ones keep receives posted ahead, their credits off the path. */
   char** landed;
   int holdRecvs;
+  /* A network connection's first failed receive or credit (transports/net_ofi.c connFailed): a
+   * step that waits on it fails with this text. NULL while it works, and elsewhere. */
+  const char* netFailure;
 } gcommConn_t;
 
 /* ---- Operations ----
@@ -144,7 +147,8 @@ typedef struct gcommWork {
   long step, nSteps;
   uint64_t waitSinceNs; /* when the current step first found a FIFO not ready; 0 when moving */
   int waitPeer, waitRecv;
-  int profStarted;         /* profiler: PROF_OP / PROF_STEP events started (0 without one) */
+  int mayStart;    /* workMayStart said yes: it stays so, since later calls wait for this one */
+  int profStarted; /* profiler: PROF_OP / PROF_STEP events started (0 without one) */
   void *profOp, *profStep; /* their handles */
 } gcommWork_t;
 
@@ -358,7 +362,6 @@ char* gcommNetDirectTarget(gcommComm_t comm, gcommConn_t* c, uint64_t s, size_t*
 int gcommNetSendsPending(gcommComm_t comm, int withCredits);
 /* The failure of conn's network connection (a receive or credit that failed: the peer reset it),
  * or NULL. */
-const char* gcommNetFailure(gcommComm_t comm, const gcommConn_t* conn);
 void gcommNetFree(gcommComm_t comm);
 #endif
 

@@ -104,7 +104,7 @@ struct netConn {
   int peer, lane, isSend;
   /* the first failure of a receive or credit here (a peer that destroyed its communicator or
    * died): nothing more is posted, and it becomes the communicator's error only when a step
-   * waits on this connection (gcommNetFailure) or slots filled for it can never go */
+   * waits on this connection (gcommConn_t.netFailure) or slots filled for it can never go */
   char failure[320];
   fi_addr_t addr;
   struct fid_mr* mr; /* this FIFO's own registration; NULL inside the shared region */
@@ -177,15 +177,20 @@ static int isRemote(gcommComm_t comm, int p) {
 }
 
 /* Auto choice: providers that cannot leave the machine are never picked by themselves (they are
- * for testing: GCOMM_OFI_PROVIDER=shm), tcp and sockets only when nothing better exists. */
+ * for testing: GCOMM_OFI_PROVIDER=shm); TCP and sockets only when nothing better exists. Of the
+ * TCP ones, a provider that speaks reliable datagrams itself (libfabric 1.17's `net`, which became
+ * `tcp` in 1.18) comes before tcp under the rxm layer: rxm signals every message through a pipe
+ * besides the socket, which doubles a small operation's cost (2 pretend nodes, 8 B all-reduce:
+ * 12 against 20 us, docs/PERF.md). */
 static int provRank(const char* name) {
   if (strncmp(name, "shm", 3) == 0 || strncmp(name, "sm2", 3) == 0 ||
-      strncmp(name, "net", 3) == 0 || strncmp(name, "udp", 3) == 0 ||
-      strstr(name, "ofi_rxd") != NULL || strncmp(name, "ofi_", 4) == 0)
+      strncmp(name, "udp", 3) == 0 || strstr(name, "ofi_rxd") != NULL ||
+      strncmp(name, "ofi_", 4) == 0)
     return -1;
-  if (strncmp(name, "tcp", 3) == 0) return 1;
+  if (strcmp(name, "net") == 0 || strcmp(name, "tcp") == 0) return 2;
+  if (strncmp(name, "tcp", 3) == 0 || strncmp(name, "net", 3) == 0) return 1;
   if (strncmp(name, "sockets", 7) == 0) return 0;
-  return 2;
+  return 3;
 }
 
 #define OFI_CHECK(call)                                                             \
@@ -322,7 +327,7 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   for (struct fi_info* i = list; i != NULL; i = i->next) {
     if (iface != NULL && (i->domain_attr->name == NULL || strcmp(i->domain_attr->name, iface) != 0))
       continue;
-    int r = prov != NULL ? 3 : provRank(i->fabric_attr->prov_name);
+    int r = prov != NULL ? 4 : provRank(i->fabric_attr->prov_name);
     if (r > bestRank) best = i, bestRank = r;
   }
   if (best == NULL || bestRank < 0) {
@@ -456,17 +461,11 @@ static gcommResult_t postFailed(gcommComm_t comm, netConn_t* nc, const char* wha
 /* A receive or a credit failed: a receive may be one posted ahead for a later operation, a credit
  * only serves later ones, and a peer that destroyed its communicator resets its connections while
  * this rank may still finish its own part. So the failure waits until something needs the
- * connection (gcommNetFailure, and gcommNetProgress for slots filled for it). */
+ * connection (gcommConn_t.netFailure, and gcommNetProgress for slots filled for it). */
 static void connFailed(netConn_t* nc, const char* msg) {
-  if (nc->failure[0] == 0) snprintf(nc->failure, sizeof(nc->failure), "%s", msg);
-}
-
-const char* gcommNetFailure(gcommComm_t comm, const gcommConn_t* conn) {
-  struct gcommNet* net = comm->net;
-  for (int i = 0; net != NULL && i < net->nConns; i++)
-    if (net->conns[i]->conn == conn)
-      return net->conns[i]->failure[0] ? net->conns[i]->failure : NULL;
-  return NULL;
+  if (nc->failure[0] != 0) return;
+  snprintf(nc->failure, sizeof(nc->failure), "%s", msg);
+  nc->conn->netFailure = nc->failure;
 }
 
 /* The request of step s's slot, taken for step s. */
@@ -530,7 +529,7 @@ static int creditDue(netConn_t* nc) {
 
 /* A receiving connection: receives into every free slot, then the credit that says so. */
 static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t* nc, int* moved) {
-  if (nc->failure[0] != 0) return gcommSuccess; /* gcommNetFailure tells a step that waits */
+  if (nc->failure[0] != 0) return gcommSuccess; /* netFailure tells a step that waits */
   uint64_t limit = __atomic_load_n(&nc->conn->fifo->head, __ATOMIC_ACQUIRE) + GCOMM_STEPS;
   while (nc->posted < limit) {
     uint64_t s = nc->posted;
