@@ -17,7 +17,8 @@
 #                     shm:2x2/unshared shm:3x1 tcp:4x1 net:2x2"; a provider this libfabric lacks,
 #                     as fi_info says, is reported and left out)
 #   TEST_NET_KILLS    the same for the kill test, /poll for a polled communicator (default
-#                     "tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll")
+#                     "tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll net:3x1": net is the automatic
+#                     choice over TCP with libfabric 1.17)
 #   (an empty TEST_NET_CONFIGS or TEST_NET_KILLS skips that part)
 #   TEST_NET_PROGS    correctness programs (default "test_coll test_p2p test_random": the last a
 #                     random sequence of calls of every size, in place or not, mixing large and
@@ -34,7 +35,7 @@ BUILD=${BUILD:-build-ofi}
 MPIEXEC=${MPIEXEC:-mpiexec}
 TIMEOUT=${TEST_TIMEOUT:-900}
 CONFIGS=${TEST_NET_CONFIGS-"tcp:2x1 tcp:2x2/ch2 shm:2x2/unshared shm:3x1 tcp:4x1 net:2x2"}
-KILLS=${TEST_NET_KILLS-"tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll"}
+KILLS=${TEST_NET_KILLS-"tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll net:3x1"}
 PROGS=${TEST_NET_PROGS:-"test_coll test_p2p test_random"}
 FAULTS=${TEST_NET_FAULTS-"tcp:2x1 shm:2x1"}
 here=$(cd "$(dirname "$0")" && pwd)
