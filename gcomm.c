@@ -98,6 +98,8 @@ static const gcommParamDef_t paramTable[] = {
      "only use the provider's domain of this name (tcp: the interface, e.g. eth0 or lo)"},
     {"GCOMM_NET_SHARED_BUFFERS", "1", PARAM_INT, PARAM_AT(netSharedBuffers), NULL, 0, 1,
      "1: every network FIFO in one registered region; 0: one registration per FIFO"},
+    {"GCOMM_NET_ENDPOINTS", "1", PARAM_INT, PARAM_AT(netEndpoints), NULL, 1, 4,
+     "network endpoints (so connections per peer); lane l uses endpoint l mod this"},
 #endif
 #if defined(GCOMM_GPU) && defined(GCOMM_OFI)
     {"GCOMM_NET_GDR", "auto", PARAM_ENUM, PARAM_AT(netGdr), netGdrNames, 0, 0,

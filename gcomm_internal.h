@@ -80,6 +80,7 @@ typedef struct {
   const char* ofiProvider;  /* GCOMM_OFI_PROVIDER, or NULL */
   const char* ofiIface;     /* GCOMM_OFI_IFACE, or NULL */
   int64_t netSharedBuffers; /* GCOMM_NET_SHARED_BUFFERS */
+  int64_t netEndpoints;     /* GCOMM_NET_ENDPOINTS */
 #endif
 #if defined(GCOMM_GPU) && defined(GCOMM_OFI)
   int netGdr; /* GCOMM_NET_GDR: GCOMM_NET_GDR_OFF, _ON (required) or _AUTO */

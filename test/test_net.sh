@@ -8,17 +8,19 @@
 # test_netkill kills one rank in the middle of a 32 MiB all-reduce (mpiexec -disable-auto-cleanup
 # keeps the survivors running): every survivor must fail with an error naming the dead rank
 # within GCOMM_TIMEOUT_MS, without hanging or crashing.
-# Last: GCOMM_NET_DISABLE=1 must refuse the remote ranks.
+# Last: ranks with different GCOMM_NET_ENDPOINTS must fail init naming it, and GCOMM_NET_DISABLE=1
+# must refuse the remote ranks.
 #
 # Environment: BUILD (default build-ofi; built with `make OFI=1 BUILD=build-ofi`), MPIEXEC,
 #   TEST_NET_CONFIGS  provider:nodes x ranks-per-node list, each optionally followed by /unshared
-#                     (GCOMM_NET_SHARED_BUFFERS=0) and /chN (GCOMM_NCHANNELS=N: host communicators
-#                     between nodes default to one channel) (default "tcp:2x1 tcp:2x2/ch2
-#                     shm:2x2/unshared shm:3x1 tcp:4x1 net:2x2"; a provider this libfabric lacks,
-#                     as fi_info says, is reported and left out)
+#                     (GCOMM_NET_SHARED_BUFFERS=0), /chN (GCOMM_NCHANNELS=N: host communicators
+#                     between nodes default to one channel) and /epN (GCOMM_NET_ENDPOINTS=N)
+#                     (default "tcp:2x1 tcp:2x2/ch2 shm:2x2/unshared shm:3x1 tcp:4x1
+#                     net:2x2/ch2/ep2"; a provider this libfabric lacks, as fi_info says, is
+#                     reported and left out)
 #   TEST_NET_KILLS    the same for the kill test, /poll for a polled communicator (default
-#                     "tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll net:3x1": net is the automatic
-#                     choice over TCP with libfabric 1.17)
+#                     "tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll net:3x1/ch2/ep2": net is the
+#                     automatic choice over TCP with libfabric 1.17)
 #   (an empty TEST_NET_CONFIGS or TEST_NET_KILLS skips that part)
 #   TEST_NET_PROGS    correctness programs (default "test_coll test_p2p test_random": the last a
 #                     random sequence of calls of every size, in place or not, mixing large and
@@ -34,8 +36,8 @@ set -u
 BUILD=${BUILD:-build-ofi}
 MPIEXEC=${MPIEXEC:-mpiexec}
 TIMEOUT=${TEST_TIMEOUT:-900}
-CONFIGS=${TEST_NET_CONFIGS-"tcp:2x1 tcp:2x2/ch2 shm:2x2/unshared shm:3x1 tcp:4x1 net:2x2"}
-KILLS=${TEST_NET_KILLS-"tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll net:3x1"}
+CONFIGS=${TEST_NET_CONFIGS-"tcp:2x1 tcp:2x2/ch2 shm:2x2/unshared shm:3x1 tcp:4x1 net:2x2/ch2/ep2"}
+KILLS=${TEST_NET_KILLS-"tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll net:3x1/ch2/ep2"}
 PROGS=${TEST_NET_PROGS:-"test_coll test_p2p test_random"}
 FAULTS=${TEST_NET_FAULTS-"tcp:2x1 shm:2x1"}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -72,12 +74,13 @@ passed=0
 failed=0
 fail() { echo "FAIL $*"; failed=$((failed + 1)); }
 
-# config "prov:NxR[/poll][/unshared][/chN]" -> provider, nodes, ranks per node, poll, shared
-# buffers, channels (empty: the default)
+# config "prov:NxR[/poll][/unshared][/chN][/epN]" -> provider, nodes, ranks per node, poll, shared
+# buffers, channels, endpoints (empty: the default)
 parse() {
   prov=${1%%:*}
   local shape=${1#*:}
-  poll=0 shared=1 channels=
+  poll=0 shared=1 channels= endpoints=
+  case $shape in */ep*) endpoints=${shape##*/ep} shape=${shape%/ep*} ;; esac
   case $shape in */ch*) channels=${shape##*/ch} shape=${shape%/ch*} ;; esac
   case $shape in */unshared) shared=0 shape=${shape%/unshared} ;; esac
   case $shape in */poll) poll=1 shape=${shape%/poll} ;; esac
@@ -96,14 +99,14 @@ lacks() {
 
 provenv() {
   echo "GCOMM_OFI_PROVIDER=$prov TEST_NET_RPN=$rpn GCOMM_NET_SHARED_BUFFERS=$shared TEST_FAULT_NET=1" \
-    "${channels:+GCOMM_NCHANNELS=$channels}"
+    "${channels:+GCOMM_NCHANNELS=$channels}" "${endpoints:+GCOMM_NET_ENDPOINTS=$endpoints}"
 }
 
 # runs one correctness program over config $cfg (parsed)
 runProg() {
   local prog=$1
   [ -x "$BUILD/test/$prog" ] || { fail "$prog: not built in $BUILD/test"; return; }
-  echo "== $prog over $prov: $nodes pretend nodes x $rpn ranks$([ $shared = 0 ] && echo ", a registration per FIFO")${channels:+, $channels channels}"
+  echo "== $prog over $prov: $nodes pretend nodes x $rpn ranks$([ $shared = 0 ] && echo ", a registration per FIFO")${channels:+, $channels channels}${endpoints:+, $endpoints endpoints}"
   t0=$(date +%s)
   env $(provenv) timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" \
     -n "$n" "$tmp/node.sh" "$BUILD/test/$prog" 2>&1 | tee "$out"
@@ -155,6 +158,22 @@ for cfg in $KILLS; do
   done
   echo "== test_netkill $cfg: $(($(date +%s) - t0)) s"
 done
+
+# Every rank must open as many endpoints (a lane's connection is endpoint lane % N on both ends).
+echo "== GCOMM_NET_ENDPOINTS 1 and 2 across 2 pretend nodes"
+printf '#!/usr/bin/env bash\nexport GCOMM_NET_ENDPOINTS=$((1 + ${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}))\nexec "$@"\n' \
+  >"$tmp/endpoints.sh"
+chmod +x "$tmp/endpoints.sh"
+GCOMM_OFI_PROVIDER=tcp TEST_NET_RPN=1 timeout -k 5 60 "$MPIEXEC" "${mpiexec_flags[@]}" -n 2 \
+  "$tmp/endpoints.sh" "$tmp/node.sh" "$BUILD/test/test_netkill" >"$out" 2>&1
+rc=$?
+if grep -q "set GCOMM_NET_ENDPOINTS the same everywhere" "$out" && ! grep -q '^PASS' "$out"; then
+  echo "PASS different GCOMM_NET_ENDPOINTS fail init, naming the variable"
+  passed=$((passed + 1))
+else
+  fail "different GCOMM_NET_ENDPOINTS were not refused (exit status $rc, $(wc -l <"$out") lines)"
+  tail -5 "$out"
+fi
 
 # GCOMM_NET_DISABLE=1 refuses ranks on other nodes, naming one. Twice in CI (sessions 10, 11), right
 # after a kill test, mpiexec exited 1 having printed nothing at all (the program never ran): then

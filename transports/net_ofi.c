@@ -62,7 +62,7 @@
  *
  * Everything here runs on the progress engine (under comm->progressLock): the CQ is read only by
  * gcommNetProgress, called from progressPass; setup, connection and teardown run at init and
- * destroy. One fabric, domain, endpoint, CQ and AV per communicator.
+ * destroy. One fabric, domain, CQ and AV per communicator, and GCOMM_NET_ENDPOINTS endpoints.
  */
 #define _GNU_SOURCE
 #include <stdbool.h>
@@ -88,6 +88,7 @@
 #define TAG_STEP_MASK (((uint64_t)1 << TAG_STEP_BITS) - 1)
 #define TAG_CREDIT ((uint64_t)1 << (TAG_STEP_BITS + TAG_LANE_BITS + TAG_RANK_BITS))
 #define NET_ADDR_MAX 240
+#define NET_MAX_ENDPOINTS 4 /* GCOMM_NET_ENDPOINTS */
 
 typedef struct netConn netConn_t;
 enum { NET_CREDIT_RECV = 1, NET_CREDIT_SEND = 2 };
@@ -102,6 +103,7 @@ typedef struct {
 struct netConn {
   gcommConn_t* conn; /* the executor's view: fifo, slots, slotBytes */
   int peer, lane, isSend;
+  struct fid_ep* ep; /* the lane's endpoint */
   /* the first failure of a receive or credit here (a peer that destroyed its communicator or
    * died): nothing more is posted, and it becomes the communicator's error only when a step
    * waits on this connection (gcommConn_t.netFailure) or slots filled for it can never go */
@@ -142,7 +144,11 @@ struct gcommNet {
   struct fid_domain* domain;
   struct fid_av* av;
   struct fid_cq* cq;
-  struct fid_ep* ep;
+  /* GCOMM_NET_ENDPOINTS endpoints, all on this CQ and AV: each makes its own connection to a peer,
+   * and lane l takes endpoint l % nEps, so that a provider over TCP moves an operation's channels
+   * over separate sockets (docs/PERF.md, session 12) */
+  struct fid_ep* eps[NET_MAX_ENDPOINTS];
+  int nEps;
   netRegion_t* regions;
   int nRegions;
   int hmem;            /* the endpoint takes GPU memory (FI_HMEM, allowed by GCOMM_NET_GDR) */
@@ -154,7 +160,7 @@ struct gcommNet {
   uint64_t* credits; /* [peer * nLanes + lane]: the credit receive of each sending connection */
   struct fid_mr* creditMr;
   void* creditDesc;
-  fi_addr_t* addrs; /* [rank] */
+  fi_addr_t* addrs; /* [rank * nEps + endpoint] */
   netConn_t** conns;
   int nConns, capConns;
 };
@@ -162,9 +168,9 @@ struct gcommNet {
 /* What each rank tells every other rank at setup (one MPI_Allgather). */
 typedef struct {
   int ok;
-  int addrLen;
+  int nEps;
   char prov[64];
-  char addr[NET_ADDR_MAX];
+  char addr[NET_MAX_ENDPOINTS][NET_ADDR_MAX];
 } netCard_t;
 
 static uint64_t makeTag(int rank, int lane, uint64_t step) {
@@ -201,7 +207,7 @@ static int provRank(const char* name) {
                          fi_strerror(-e_), net->info->fabric_attr->prov_name);      \
   } while (0)
 
-/* The endpoint, with rxm's eager limit raised to a FIFO slot. rxm (over tcp) sends a message
+/* The endpoints, with rxm's eager limit raised to a FIFO slot. rxm (over tcp) sends a message
  * above its limit (16 KB by default) by rendezvous: a request, the receiver's read request, then
  * the data, each leg waiting for the other rank to poll; an eager message goes at once and lands
  * straight in the posted receive. Every data message here has its receive posted before it is
@@ -210,7 +216,7 @@ static int provRank(const char* name) {
  * rxm reads the limit from the environment when the endpoint opens and has no other way to set
  * it: gcomm sets the variable for that call only, unless the user did (every rank must agree;
  * rxm refuses connections between different limits). Other providers ignore it. */
-static gcommResult_t openEndpoint(gcommComm_t comm, struct gcommNet* net) {
+static gcommResult_t openEndpoints(gcommComm_t comm, struct gcommNet* net) {
   static const char* const var = "FI_OFI_RXM_EAGER_LIMIT";
   int mine = getenv(var) == NULL;
   if (mine) {
@@ -218,7 +224,9 @@ static gcommResult_t openEndpoint(gcommComm_t comm, struct gcommNet* net) {
     snprintf(val, sizeof(val), "%zu", comm->slotBytes);
     setenv(var, val, 0);
   }
-  int err = fi_endpoint(net->domain, net->info, &net->ep, NULL);
+  int err = 0;
+  for (int e = 0; e < net->nEps && err == 0; e++)
+    err = fi_endpoint(net->domain, net->info, &net->eps[e], NULL);
   if (mine) unsetenv(var);
   OFI_CHECK(err);
   return gcommSuccess;
@@ -294,8 +302,11 @@ static int providerCallsCuda(struct gcommNet* net) {
 #if defined(GCOMM_CUDA) && \
     FI_VERSION_GE(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), FI_VERSION(1, 18))
   bool permitted = false;
-  return fi_setopt(&net->ep->fid, FI_OPT_ENDPOINT, FI_OPT_CUDA_API_PERMITTED, &permitted,
-                   sizeof(permitted)) != 0;
+  int calls = 0;
+  for (int e = 0; e < net->nEps; e++)
+    calls |= fi_setopt(&net->eps[e]->fid, FI_OPT_ENDPOINT, FI_OPT_CUDA_API_PERMITTED, &permitted,
+                       sizeof(permitted)) != 0;
+  return calls;
 #else
   (void)net;
   return 1; /* no way to ask: assume it does */
@@ -349,7 +360,7 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   struct fi_av_attr avAttr;
   memset(&avAttr, 0, sizeof(avAttr));
   avAttr.type = FI_AV_TABLE;
-  avAttr.count = comm->nranks;
+  avAttr.count = (size_t)comm->nranks * NET_MAX_ENDPOINTS;
   OFI_CHECK(fi_av_open(net->domain, &avAttr, &net->av, NULL));
   struct fi_cq_attr cqAttr;
   memset(&cqAttr, 0, sizeof(cqAttr));
@@ -359,7 +370,10 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
    * receive per sending connection and one credit send per receiving one */
   cqAttr.size = (size_t)comm->nranks * comm->nLanes * (2 * GCOMM_STEPS + 2) + 64;
   OFI_CHECK(fi_cq_open(net->domain, &cqAttr, &net->cq, NULL));
-  OFI_CHECK(openEndpoint(comm, net));
+  /* a registration bound to one endpoint (FI_MR_ENDPOINT) serves that one only: then one */
+  net->nEps =
+      (net->info->domain_attr->mr_mode & FI_MR_ENDPOINT) ? 1 : (int)comm->params.netEndpoints;
+  OFI_CHECK(openEndpoints(comm, net));
 #ifdef GCOMM_GPU
   if (net->hmem) net->hmemCopies = providerCallsCuda(net);
   if (net->hmemCopies && comm->params.netGdr == GCOMM_NET_GDR_AUTO) {
@@ -370,15 +384,17 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   }
 #endif
   GCOMM_INFO(GCOMM_SUBSYS_NET | GCOMM_SUBSYS_INIT, comm,
-             "provider %s, fabric %s, domain %s, mr_mode 0x%x, inject %zu bytes, GPU memory "
-             "(FI_HMEM): %s%s",
+             "provider %s, fabric %s, domain %s, mr_mode 0x%x, inject %zu bytes, %d endpoint%s, "
+             "GPU memory (FI_HMEM): %s%s",
              net->info->fabric_attr->prov_name, net->info->fabric_attr->name,
              net->info->domain_attr->name, (unsigned)net->info->domain_attr->mr_mode,
-             net->info->tx_attr->inject_size,
+             net->info->tx_attr->inject_size, net->nEps, net->nEps > 1 ? "s" : "",
              net->hmem ? "yes" : "no: ", net->hmem ? "" : net->hmemWhy);
-  OFI_CHECK(fi_ep_bind(net->ep, &net->av->fid, 0));
-  OFI_CHECK(fi_ep_bind(net->ep, &net->cq->fid, FI_TRANSMIT | FI_RECV));
-  OFI_CHECK(fi_enable(net->ep));
+  for (int e = 0; e < net->nEps; e++) {
+    OFI_CHECK(fi_ep_bind(net->eps[e], &net->av->fid, 0));
+    OFI_CHECK(fi_ep_bind(net->eps[e], &net->cq->fid, FI_TRANSMIT | FI_RECV));
+    OFI_CHECK(fi_enable(net->eps[e]));
+  }
   /* credits go by fi_tinject, or else by fi_tsend from host memory with no descriptor */
   if (net->info->tx_attr->inject_size < sizeof(uint64_t) &&
       (net->info->domain_attr->mr_mode & FI_MR_LOCAL))
@@ -422,7 +438,7 @@ static gcommResult_t regMem(gcommComm_t comm, struct gcommNet* net, void* buf, s
                        device >= 0 ? "GPU" : "host", device >= 0 ? " (FI_HMEM)" : "",
                        fi_strerror(-e), net->info->fabric_attr->prov_name);
   if (net->info->domain_attr->mr_mode & FI_MR_ENDPOINT) {
-    OFI_CHECK(fi_mr_bind(*mr, &net->ep->fid, 0));
+    OFI_CHECK(fi_mr_bind(*mr, &net->eps[0]->fid, 0));
     OFI_CHECK(fi_mr_enable(*mr));
   }
   *desc = fi_mr_desc(*mr);
@@ -486,7 +502,7 @@ static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t*
   if (!nc->creditPosted) {
     nc->creditReq.nc = nc;
     nc->creditReq.isCredit = NET_CREDIT_RECV;
-    ssize_t rc = fi_trecv(net->ep, nc->creditBuf, sizeof(uint64_t), net->creditDesc, FI_ADDR_UNSPEC,
+    ssize_t rc = fi_trecv(nc->ep, nc->creditBuf, sizeof(uint64_t), net->creditDesc, FI_ADDR_UNSPEC,
                           TAG_CREDIT | makeTag(nc->peer, nc->lane, 0), 0, &nc->creditReq.ctx);
     if (rc == 0) nc->creditPosted = 1;
     if (rc != 0 && rc != -FI_EAGAIN) return postFailed(comm, nc, "fi_trecv (credit)", 0, rc);
@@ -502,7 +518,7 @@ static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t*
     uint64_t word = f->bytes[slot];
     const char* ref = nc->conn->refs ? nc->conn->refs[slot] : NULL;
     ssize_t rc =
-        fi_tsenddata(net->ep, ref ? ref : nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
+        fi_tsenddata(nc->ep, ref ? ref : nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
                      (size_t)(uint32_t)word, ref ? NULL : nc->desc, word >> 32, nc->addr,
                      makeTag(comm->rank, nc->lane, s), &req->ctx);
     if (rc == -FI_EAGAIN) break;
@@ -542,7 +558,7 @@ static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t*
     /* no queued operation takes step s: its receive waits for the one that does, which may take
      * it directly, except the first such step, so that the peer's next operation can start */
     if (s > queuedUntil) break;
-    ssize_t rc = fi_trecv(net->ep, to ? to : nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
+    ssize_t rc = fi_trecv(nc->ep, to ? to : nc->conn->slots + (size_t)slot * nc->conn->slotBytes,
                           len, to ? NULL : nc->desc, FI_ADDR_UNSPEC, makeTag(nc->peer, nc->lane, s),
                           0, &req->ctx);
     if (rc == -FI_EAGAIN) break;
@@ -558,12 +574,12 @@ static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t*
     uint64_t tag = TAG_CREDIT | makeTag(comm->rank, nc->lane, 0);
     ssize_t rc;
     if (net->info->tx_attr->inject_size >= sizeof(uint64_t)) {
-      rc = fi_tinject(net->ep, &nc->posted, sizeof(uint64_t), nc->addr, tag);
+      rc = fi_tinject(nc->ep, &nc->posted, sizeof(uint64_t), nc->addr, tag);
     } else { /* shm with FI_HMEM injects nothing: a send, one in flight per connection */
       nc->creditSent = nc->posted;
       nc->creditReq.nc = nc;
       nc->creditReq.isCredit = NET_CREDIT_SEND;
-      rc = fi_tsend(net->ep, &nc->creditSent, sizeof(uint64_t), NULL, nc->addr, tag,
+      rc = fi_tsend(nc->ep, &nc->creditSent, sizeof(uint64_t), NULL, nc->addr, tag,
                     &nc->creditReq.ctx);
       nc->creditInFlight = rc == 0;
     }
@@ -598,7 +614,8 @@ gcommResult_t gcommNetConnect(gcommComm_t comm, gcommConn_t* conn, int peer, int
   nc->peer = peer;
   nc->lane = lane;
   nc->isSend = isSend;
-  nc->addr = net->addrs[peer];
+  nc->ep = net->eps[lane % net->nEps];
+  nc->addr = net->addrs[(size_t)peer * net->nEps + lane % net->nEps];
   nc->creditBuf = &net->credits[(size_t)peer * comm->nLanes + lane];
   size_t len = GCOMM_STEPS * conn->slotBytes;
   uintptr_t at = (uintptr_t)conn->slots;
@@ -849,7 +866,7 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
     return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   }
   comm->net = net;
-  net->addrs = calloc(comm->nranks, sizeof(fi_addr_t));
+  net->addrs = calloc((size_t)comm->nranks * NET_MAX_ENDPOINTS, sizeof(fi_addr_t));
   net->credits = calloc((size_t)comm->nranks * comm->nLanes, sizeof(uint64_t));
   gcommResult_t res = net->addrs && net->credits
                           ? openFabric(comm, net)
@@ -861,10 +878,12 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
   /* every rank takes part in the exchange, failed or not, so that none waits alone */
   memset(&mine, 0, sizeof(mine));
   if (res == gcommSuccess) {
-    size_t len = sizeof(mine.addr);
-    int e = fi_getname(&net->ep->fid, mine.addr, &len);
-    if (e != 0) res = GCOMM_ERROR(comm, gcommSystemError, -1, "fi_getname: %s", fi_strerror(-e));
-    mine.addrLen = (int)len;
+    mine.nEps = net->nEps;
+    for (int ep = 0; ep < net->nEps && res == gcommSuccess; ep++) {
+      size_t len = sizeof(mine.addr[ep]);
+      int e = fi_getname(&net->eps[ep]->fid, mine.addr[ep], &len);
+      if (e != 0) res = GCOMM_ERROR(comm, gcommSystemError, -1, "fi_getname: %s", fi_strerror(-e));
+    }
     snprintf(mine.prov, sizeof(mine.prov), "%s", net->info->fabric_attr->prov_name);
   }
   mine.ok = res == gcommSuccess;
@@ -881,10 +900,17 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
                         "rank %d uses provider %s, this rank %s "
                         "(set GCOMM_OFI_PROVIDER the same everywhere)",
                         p, all[p].prov, mine.prov);
+    } else if (all[p].nEps != mine.nEps) {
+      res = GCOMM_ERROR(comm, gcommInvalidUsage, p,
+                        "rank %d has %d network endpoints, this rank %d "
+                        "(set GCOMM_NET_ENDPOINTS the same everywhere)",
+                        p, all[p].nEps, mine.nEps);
     } else if (isRemote(comm, p)) {
-      int n = fi_av_insert(net->av, all[p].addr, 1, &net->addrs[p], 0, NULL);
-      if (n != 1)
-        res = GCOMM_ERROR(comm, gcommSystemError, p, "fi_av_insert of rank %d's address failed", p);
+      for (int ep = 0; ep < net->nEps && res == gcommSuccess; ep++)
+        if (fi_av_insert(net->av, all[p].addr[ep], 1, &net->addrs[(size_t)p * net->nEps + ep], 0,
+                         NULL) != 1)
+          res = GCOMM_ERROR(comm, gcommSystemError, p,
+                            "fi_av_insert of rank %d's address %d failed", p, ep);
     }
   }
   free(all);
@@ -897,8 +923,9 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
 void gcommNetFree(gcommComm_t comm) {
   struct gcommNet* net = comm->net;
   if (net == NULL) return;
-  /* closing the endpoint cancels the receives still posted; registrations and the CQ go after */
-  if (net->ep) fi_close(&net->ep->fid);
+  /* closing the endpoints cancels the receives still posted; registrations and the CQ go after */
+  for (int e = 0; e < NET_MAX_ENDPOINTS; e++)
+    if (net->eps[e]) fi_close(&net->eps[e]->fid);
   for (int i = 0; i < net->nConns; i++) {
     netConn_t* nc = net->conns[i];
     if (nc->mr) fi_close(&nc->mr->fid);

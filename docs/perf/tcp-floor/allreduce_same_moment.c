@@ -5,7 +5,8 @@
  * buffer, all-gather straight into the output, messages of C bytes, the CQ busy-polled), gcomm,
  * MPI_Allreduce, and plain loopback TCP sockets: one socket, reduced chunk by chunk as the data
  * arrives ("piped"); in two phases as MPICH's (each half exchanged whole, then reduced) over one
- * socket, or over two in single writes, UCX's shape; and those phases with MPI_Sendrecv. Each round is classed by the VM's placement
+ * socket, or over two in single writes, UCX's shape; those phases with MPI_Sendrecv; and, when
+ * ALT_ENV="GCOMM_X=... ..." is set, gcomm once more on a communicator made under those variables. Each round is classed by the VM's placement
  * (a cross-core probe, as xcore.c) and the medians are printed per placement. Prints each one's median, 25th and 75th percentile.
  *   mpicc -O2 -I. -o allreduce_same_moment docs/perf/tcp-floor/allreduce_same_moment.c \
  *     build-ofi/libgcomm.a -lfabric -lpthread -lm -ldl -lrt
@@ -110,9 +111,13 @@ int main(int argc,char**argv){MPI_Init(&argc,&argv);MPI_Comm_rank(MPI_COMM_WORLD
  fi_av_insert(av,names+256*(1-me),1,&peer,0,NULL);
  gcommComm_t comm;gcommConfig_t cfg=GCOMM_CONFIG_INITIALIZER;cfg.device=GCOMM_DEVICE_HOST;
  if(gcommCommInitMPI(&comm,MPI_COMM_WORLD,&cfg)!=gcommSuccess){fprintf(stderr,"init failed\n");return 1;}
- enum{NWAYS=7};float*buf[NWAYS],*tmp=malloc(S/2);for(int b=0;b<NWAYS;b++){buf[b]=malloc(S);for(size_t i=0;i<S/4;i++)buf[b][i]=1;}
+ /* a second gcomm communicator made under ALT_ENV ("VAR=value ..."): two settings at the same moment */
+ gcommComm_t alt=NULL;char altEnv[512]="";if(getenv("ALT_ENV"))snprintf(altEnv,sizeof altEnv,"%s",getenv("ALT_ENV"));
+ if(altEnv[0]){char copy[512];snprintf(copy,sizeof copy,"%s",altEnv);for(char*v=strtok(copy," ");v;v=strtok(NULL," "))putenv(strdup(v));
+  if(gcommCommInitMPI(&alt,MPI_COMM_WORLD,&cfg)!=gcommSuccess){fprintf(stderr,"init (ALT_ENV) failed\n");return 1;}}
+ enum{NWAYS=8};float*buf[NWAYS],*tmp=malloc(S/2);for(int b=0;b<NWAYS;b++){buf[b]=malloc(S);for(size_t i=0;i<S/4;i++)buf[b][i]=1;}
  double*t=calloc(NWAYS*iters,sizeof(double)),*pr=calloc(iters,sizeof(double));
- const char*wayNames[NWAYS]={"raw libfabric","gcomm","MPI","socket, piped","socket, phases","2 sockets, phases","MPI_Sendrecv, phases"};
+ const char*wayNames[NWAYS]={"raw libfabric","gcomm","MPI","socket, piped","socket, phases","2 sockets, phases","MPI_Sendrecv, phases","gcomm, ALT_ENV"};
  for(int k=0;k<2;k++){struct sockaddr_in a={0};a.sin_family=AF_INET;a.sin_addr.s_addr=htonl(0x7f000001);
   if(me==0){int s0=socket(AF_INET,SOCK_STREAM,0);bind(s0,(void*)&a,sizeof a);listen(s0,4);socklen_t l=sizeof a;getsockname(s0,(void*)&a,&l);MPI_Send(&a,sizeof a,MPI_BYTE,1,0,MPI_COMM_WORLD);sfd[k]=accept(s0,0,0);close(s0);}
   else{MPI_Recv(&a,sizeof a,MPI_BYTE,0,0,MPI_COMM_WORLD,MPI_STATUS_IGNORE);sfd[k]=socket(AF_INET,SOCK_STREAM,0);while(connect(sfd[k],(void*)&a,sizeof a));}
@@ -121,11 +126,13 @@ int main(int argc,char**argv){MPI_Init(&argc,&argv);MPI_Comm_rank(MPI_COMM_WORLD
   MPI_Win_allocate_shared(me==0?(1<<20)+4096:0,1,MPI_INFO_NULL,shc,&base,&w);MPI_Win_shared_query(w,0,&sz,&du,&base);
   shflag=(volatile int*)base;shbuf=base+4096;if(me==0)*shflag=0;MPI_Barrier(MPI_COMM_WORLD);}
  for(int it=-5;it<iters;it++){double pb=probe(me);if(it>=0)pr[it]=pb;for(int m=0;m<NWAYS;m++){
+  if(m==7&&!alt)continue;
   MPI_Barrier(MPI_COMM_WORLD);double t0=MPI_Wtime();
   if(m==0)rawAllreduce(buf[0],tmp,S,C);
   else if(m==1){gcommAllReduce(buf[1],buf[1],S/4,gcommFloat32,gcommSum,comm,NULL);gcommWait(comm,NULL);}
   else if(m==2)MPI_Allreduce(MPI_IN_PLACE,buf[2],S/4,MPI_FLOAT,MPI_SUM,MPI_COMM_WORLD);
   else if(m==3)sockPiped(buf[m],tmp,S,C,me);
+  else if(m==7){gcommAllReduce(buf[7],buf[7],S/4,gcommFloat32,gcommSum,alt,NULL);gcommWait(alt,NULL);}
   else if(m==6){size_t half=S/2;char*mine=(char*)buf[m]+(me?half:0),*other=(char*)buf[m]+(me?0:half);
     MPI_Sendrecv(other,half,MPI_BYTE,1-me,7,tmp,half,MPI_BYTE,1-me,7,MPI_COMM_WORLD,MPI_STATUS_IGNORE);
     float*d=(float*)mine;for(size_t i=0;i<half/4;i++)d[i]+=tmp[i];
@@ -138,7 +145,9 @@ int main(int argc,char**argv){MPI_Init(&argc,&argv);MPI_Comm_rank(MPI_COMM_WORLD
  if(me==0)for(int slow=1;slow>=0;slow--){int n=0;double*x=calloc(iters,sizeof(double));
   for(int it=0;it<iters;it++)n+=(pr[it]<4.0)==slow;
   printf("%s placement (probe %s 4 GB/s): %d of %d rounds\n",slow?"slow":"fast",slow?"<":">=",n,iters);
-  for(int m=0;m<NWAYS&&n>0;m++){int k=0;for(int it=0;it<iters;it++)if((pr[it]<4.0)==slow)x[k++]=t[m*iters+it];qsort(x,n,sizeof(double),cmp);
+  for(int m=0;m<NWAYS&&n>0;m++){if(m==7&&!alt)continue;int k=0;for(int it=0;it<iters;it++)if((pr[it]<4.0)==slow)x[k++]=t[m*iters+it];qsort(x,n,sizeof(double),cmp);
    printf("  S=%zu %-18s in place: median %.1f us, p25 %.1f p75 %.1f\n",S,wayNames[m],x[n/2]*1e6,x[n/4]*1e6,x[3*n/4]*1e6);}
   free(x);}
+ if(me==0&&alt)printf("ALT_ENV: %s\n",altEnv);
+ if(alt)gcommCommDestroy(alt);
  gcommCommDestroy(comm);MPI_Finalize();return 0;}
