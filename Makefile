@@ -143,7 +143,7 @@ fuzz: $(BUILD)/fuzz/fuzz_gcomm
 	bash test/fuzz/run.sh $< $(FUZZ_SECONDS)
 
 run: $(BUILD)/gcomm_perf
-	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
+	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 16 -e 64M -f 4 --backend gcomm,mpi
 
 format:
 	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c test/fuzz/*.c

@@ -2,14 +2,17 @@
 """perf_table.py - turn gcomm_perf logs (several backends in one run) into markdown tables.
 
   tools/perf_table.py LOG... [--sizes 8,32K,2M,16M,128M,1G] [--vs nccl|mpi] [--coll allreduce,...]
-                      [--bar 1M]
+                      [--behind-from 1M]
+
+A log holds either gcomm_perf's side-by-side table ("# Backends: gcomm mpi") or one nccl-tests
+table per backend ("# Backend: gcomm", gcomm_perf --separate, and nccl-tests' own output).
 
 One log: a row per collective and size, with the time and busbw (out-of-place, plus in-place busbw)
 of gcomm and of the other backend, and their busbw ratio. Several logs (runs of one command): a row
 per collective and size, with each run's busbw ratio gcomm/other out of place / in place and their
 medians: a machine that drifts shows in the spread, and no single run stands for the others.
---bar SIZE: then, per log, whether gcomm's busbw is at least the other's at every size from SIZE,
-out of place and in place (issue 4's bar), and in how many logs it is.
+--behind-from SIZE: then, per log, the sizes from SIZE at which gcomm's busbw is below the other's,
+out of place or in place, and in how many logs there is none.
 """
 import argparse
 import re
@@ -28,8 +31,13 @@ def pretty(n):
     return f"{n} B"
 
 
+def num(text):
+    return float(text) if re.match(r"^[0-9.e+-]+$", text) else float("nan")
+
+
 def read_rows(path):
-    rows, coll, backend = {}, None, None
+    """{(collective, backend, size): (time out of place, busbw out of place, busbw in place)}."""
+    rows, coll, backend, side = {}, None, None, None
     for line in open(path):
         m = re.match(r"# Collective: (\w+)", line)
         if m:
@@ -37,11 +45,23 @@ def read_rows(path):
             continue
         m = re.match(r"# Backend: (\w+)", line)
         if m:
-            backend = m.group(1)
+            backend, side = m.group(1), None
+            continue
+        m = re.match(r"# Backends: ([\w ]+?) \(", line)
+        if m:
+            side = m.group(1).split()
             continue
         f = line.split()
-        if len(f) >= 13 and f[0].isdigit():
-            num = lambda s: float(s) if re.match(r"^[0-9.e+-]+$", s) else float("nan")
+        if not f or not f[0].isdigit():
+            continue
+        if side:
+            # per half of a row: n times, n busbw, n-1 ratios, #wrong
+            n = len(side)
+            if len(f) >= 5 + 6 * n:
+                for i, b in enumerate(side):
+                    rows[(coll, b, int(f[0]))] = (num(f[5 + i]), num(f[5 + n + i]),
+                                                  num(f[5 + 3 * n + n + i]))
+        elif len(f) >= 13:
             rows[(coll, backend, int(f[0]))] = (num(f[5]), num(f[7]), num(f[11]))
     return rows
 
@@ -67,7 +87,7 @@ def ratio_table(runs, colls, sizes, other):
             print(f"| {c} | {pretty(s)} | {cells} | **{med[0]:.2f} / {med[1]:.2f}** |")
 
 
-def bar_table(paths, runs, colls, other, least):
+def behind_table(paths, runs, colls, other, least):
     """Per run: the sizes from `least` at which gcomm's busbw is below the other's."""
     met = 0
     print(f"\n| run | sizes from {pretty(least)} where gcomm is behind (ratio out of place / in place) |")
@@ -80,8 +100,8 @@ def bar_table(paths, runs, colls, other, least):
                 if g and o and (g[1] < o[1] or g[2] < o[2]):
                     behind.append(f"{pretty(s)} {g[1] / o[1]:.2f} / {g[2] / o[2]:.2f}")
         met += not behind
-        print(f"| {path} | {', '.join(behind) if behind else 'none: bar met'} |")
-    print(f"\nbar met in {met} of {len(runs)} runs")
+        print(f"| {path} | {', '.join(behind) if behind else 'none'} |")
+    print(f"\ngcomm ahead at every size from {pretty(least)} in {met} of {len(runs)} runs")
 
 
 def main():
@@ -90,7 +110,7 @@ def main():
     ap.add_argument("--sizes", default="")
     ap.add_argument("--vs", default="nccl")
     ap.add_argument("--coll", default="")
-    ap.add_argument("--bar", default="")
+    ap.add_argument("--behind-from", default="")
     a = ap.parse_args()
     runs = [read_rows(path) for path in a.log]
     rows = runs[0]
@@ -99,8 +119,8 @@ def main():
     other = a.vs
     if len(runs) > 1:
         ratio_table(runs, colls, sizes, other)
-        if a.bar:
-            bar_table(a.log, runs, colls, other, parse_size(a.bar))
+        if a.behind_from:
+            behind_table(a.log, runs, colls, other, parse_size(a.behind_from))
         return
     print(f"| collective | size | gcomm time (us) | {other} time (us) | gcomm busbw (GB/s) | "
           f"{other} busbw (GB/s) | gcomm in-place busbw | {other} in-place busbw | gcomm/{other} busbw |")
