@@ -100,7 +100,8 @@ for prog in "${tests[@]}"; do
     failed=$((failed + f))
     secs=$(awk -v t0="$t0" -v t1="$t1" 'BEGIN { printf "%.1f", t1 - t0 }')
     if [ "$f" = 0 ]; then
-      printf 'PASS  %-16s -n %-2s %6d checks  %7s s\n' "$name" "$n" "$p" "$secs"
+      printf 'PASS  %-16s -n %-2s %6d check%s  %7s s\n' "$name" "$n" "$p" \
+        "$([ "$p" = 1 ] || echo s)" "$secs"
     else
       printf 'FAIL  %-16s -n %-2s %6d passed, %d failed%s  %s s\n' "$name" "$n" "$p" "$f" \
         "${why:+ ($why)}" "$secs"
