@@ -100,7 +100,7 @@ $(BUILD)/obj/gcomm_kernels_hip.o: gcomm_kernels.hip gcomm_kernels.cu $(LIB_HDR) 
 $(BUILD)/libgcomm.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 $(BUILD)/libgcomm.so: $(LIB_OBJ)
-	$(MPICC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(MPICC) -shared -Wl,-soname,$(GCOMM_SONAME) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/gcomm_perf: examples/gcomm_perf.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
@@ -143,7 +143,7 @@ fuzz: $(BUILD)/fuzz/fuzz_gcomm
 	bash test/fuzz/run.sh $< $(FUZZ_SECONDS)
 
 run: $(BUILD)/gcomm_perf
-	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
+	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 16 -e 64M -f 4 --backend gcomm,mpi
 
 format:
 	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c test/fuzz/*.c
@@ -162,3 +162,81 @@ $(BUILD)/test/gpu/%: test/gpu/%.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
 gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/gcomm_perf $(PLUGINS)
 .PHONY: gpu-test
 endif
+
+# ---- install, packaging, help ----------------------------------------------------------------
+# make install PREFIX=/usr/local [DESTDIR=/staging] [LIBDIR=lib]: headers, libgcomm.a, libgcomm.so
+# (soname from gcomm.h's version), gcomm.pc, the CMake package (find_package(gcomm) gives
+# gcomm::gcomm and gcomm::gcomm_static), the example profiler plugin and the tools. What the
+# package says the library links with is what this build was configured with (CUDA=1, OFI=1, ...).
+GCOMM_MAJOR   := $(shell sed -n 's/^\#define GCOMM_MAJOR \([0-9]*\).*/\1/p' gcomm.h)
+GCOMM_MINOR   := $(shell sed -n 's/^\#define GCOMM_MINOR \([0-9]*\).*/\1/p' gcomm.h)
+GCOMM_PATCH   := $(shell sed -n 's/^\#define GCOMM_PATCH \([0-9]*\).*/\1/p' gcomm.h)
+GCOMM_RELEASE := $(GCOMM_MAJOR).$(GCOMM_MINOR).$(GCOMM_PATCH)
+# below 1.0 a minor release may change the ABI, so it is part of the soname
+GCOMM_SOVER   := $(if $(filter 0,$(GCOMM_MAJOR)),0.$(GCOMM_MINOR),$(GCOMM_MAJOR))
+GCOMM_SONAME  := libgcomm.so.$(GCOMM_SOVER)
+
+PREFIX  ?= /usr/local
+LIBDIR  ?= lib
+DESTDIR ?=
+# programs installed in bin/: append built ones here (INSTALL_BINS += $(BUILD)/gcomm_info)
+INSTALL_BINS = $(BUILD)/gcomm_perf $(wildcard $(BUILD)/gcomm_info)
+INSTALL_HDRS = gcomm.h gcomm_profiler.h
+INSTALL_PLUGINS = $(patsubst examples/profiler/%.c,$(BUILD)/examples/libgcomm-profiler-%.so,$(wildcard examples/profiler/*.c))
+INSTALL_TOOLS = tools/gcomm_trace.py tools/hang_report.py tools/perf_table.py
+
+onoff = $(if $(filter 1,$(1)),ON,OFF)
+PKG_SED = -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
+  -e 's|@VERSION@|$(GCOMM_RELEASE)|g' -e 's|@MAJOR@|$(GCOMM_MAJOR)|g' -e 's|@MINOR@|$(GCOMM_MINOR)|g' \
+  -e 's|@SONAME@|$(GCOMM_SONAME)|g' -e 's|@LIBS_PRIVATE@|$(strip $(filter-out $(MPI_LIBS),$(LDLIBS)))|g' \
+  -e 's|@FEATURES@|host$(if $(filter 1,$(CUDA)), CUDA)$(if $(filter 1,$(HIP)), HIP)$(if $(filter 1,$(OFI)), libfabric)|g' \
+  -e 's|@CUDA@|$(call onoff,$(CUDA))|g' -e 's|@HIP@|$(call onoff,$(HIP))|g' -e 's|@OFI@|$(call onoff,$(OFI))|g' \
+  -e 's|@OFI_LIBDIRS@|$(patsubst -L%,%,$(filter -L%,$(OFI_LIBS)))|g'
+
+$(BUILD)/pkg/%: pkg/%.in gcomm.h $(CONFIG)
+	@mkdir -p $(dir $@)
+	sed $(PKG_SED) $< > $@
+
+install: $(BUILD)/libgcomm.a $(BUILD)/libgcomm.so $(INSTALL_BINS) $(INSTALL_PLUGINS) \
+         $(BUILD)/pkg/gcomm.pc $(BUILD)/pkg/gcommConfig.cmake $(BUILD)/pkg/gcommConfigVersion.cmake
+	$(eval D := $(DESTDIR)$(PREFIX))
+	install -d $(D)/include $(D)/$(LIBDIR)/pkgconfig $(D)/$(LIBDIR)/cmake/gcomm $(D)/bin $(D)/share/gcomm/tools
+	install -m 644 $(INSTALL_HDRS) $(D)/include/
+	install -m 644 $(BUILD)/libgcomm.a $(D)/$(LIBDIR)/
+	install -m 755 $(BUILD)/libgcomm.so $(D)/$(LIBDIR)/libgcomm.so.$(GCOMM_RELEASE)
+	ln -sf libgcomm.so.$(GCOMM_RELEASE) $(D)/$(LIBDIR)/$(GCOMM_SONAME)
+	ln -sf $(GCOMM_SONAME) $(D)/$(LIBDIR)/libgcomm.so
+	install -m 755 $(INSTALL_PLUGINS) $(D)/$(LIBDIR)/
+	install -m 644 $(BUILD)/pkg/gcomm.pc $(D)/$(LIBDIR)/pkgconfig/
+	install -m 644 $(BUILD)/pkg/gcommConfig.cmake $(BUILD)/pkg/gcommConfigVersion.cmake $(D)/$(LIBDIR)/cmake/gcomm/
+	install -m 755 $(INSTALL_BINS) $(D)/bin/
+	install -m 755 $(INSTALL_TOOLS) $(D)/share/gcomm/tools/
+
+# install into a temporary prefix, then build examples/hello_allreduce.c against it out of the
+# tree with pkg-config (examples/pkgconfig) and with CMake (examples/cmake), and run each
+test-install: all
+	BUILD=$(BUILD) MPIEXEC=$(MPIEXEC) bash test/test_install.sh
+
+help:
+	@echo "gcomm $(GCOMM_RELEASE): make [TARGET] [OPTION=value ...]"
+	@echo "targets:"
+	@echo "  all (default)   library (static and shared), examples, tests in \$$BUILD"
+	@echo "  run             benchmark: all-reduce on 4 ranks, gcomm and MPI side by side"
+	@echo "  test            the test suite (test/run.sh; TEST_ONLY, TEST_NPS, TEST_VERBOSE=1)"
+	@echo "  test-net        the suite across pretend nodes over libfabric (with OFI=1)"
+	@echo "  test-fault      kills, hang diagnosis, soak"
+	@echo "  test-profiler   the example profiler plugin's trace of 4 ranks, checked"
+	@echo "  test-install    install into a temporary prefix, build and run examples against it"
+	@echo "  fuzz            libFuzzer over argument checks and GCOMM_* parsing (FUZZ_SECONDS)"
+	@echo "  install         headers, libraries, gcomm.pc, CMake package, plugin, tools"
+	@echo "  format, clean, help"
+	@echo "options:"
+	@echo "  PREFIX=$(PREFIX) DESTDIR= LIBDIR=$(LIBDIR)   where install puts things"
+	@echo "  BUILD=$(BUILD)   build folder        MPICC=$(MPICC)   MPIEXEC=$(MPIEXEC)"
+	@echo "  CUDA=1 [CUDA_ARCH=\"90 80\" CUDA_HOME=...]   GPU communicators (nvcc)"
+	@echo "  NCCL=1 NCCL_HOME=...   gcomm_perf --backend nccl (with CUDA=1)"
+	@echo "  HIP=1 [HIP_ARCH=gfx90a]   GPU communicators on AMD (hipcc; compile-checked only)"
+	@echo "  OFI=1 [OFI_CFLAGS= OFI_LIBS=]   libfabric between nodes"
+	@echo "  SAN=1 (ASan+UBSan), SAN=thread (TSan)   OPT=$(OPT)"
+
+.PHONY: install test-install help

@@ -1567,7 +1567,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
    * one eager message (transports/net_ofi.c): over tcp each message costs the kernel and the
    * provider a fixed amount besides its bytes; against 256 KB slots the all-reduce was ahead at
    * 1-16 MB in 3 of 4 sets of alternating runs (34 pairs), 128 KB was worse everywhere, 768 KB
-   * and 1 MB no better (docs/PERF.md, session 9). GPU communicators keep theirs (above). */
+   * and 1 MB no better. GPU communicators keep theirs (above). */
   if (spansNodes(comm) && comm->device < 0) {
     if (!channelsChosen(config)) comm->params.nChannels = 1;
     if (getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
@@ -1911,12 +1911,12 @@ static double predictUs(int func, int algo, int n, double bytes) {
  * (docs/PERF.md): the cost of one FIFO hop (launch included), what one block (a channel) moves
  * per microsecond, and the link's cap. LL saves ~2 us a hop (its launches run the LL-only kernel,
  * which spills nothing) but moves data at a fraction of Simple's rate (half of every line is
- * flags), so it pays up to ~128-256 KB (session 4's sweep). */
+ * flags), so it pays up to ~128-256 KB (a GCOMM_PROTO-forced sweep). */
 static const struct {
   double hopUs, blockBytesPerUs, linkBytesPerUs;
 } gpuCost[gcommNumProtos] = {
     {5.9, 20000, 340000}, /* Simple: payload, one release per post */
-    {3.9, 11000, 120000}, /* LL: flags in the data; its kernel spills nothing (session 4) */
+    {3.9, 11000, 120000}, /* LL: flags in the data; its kernel spills nothing */
 };
 
 static double predictGpuUs(int func, int algo, int proto, int n, double bytes, int nch) {

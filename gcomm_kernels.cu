@@ -16,7 +16,7 @@
  * Small operations are bound by the kernel's own time, so the hot path keeps out of local
  * memory: a launch whose works are all LL runs the LL_ONLY instantiation (Simple compiled out,
  * the LL step inlined), and a block computes its next steps a batch at a time, a thread each
- * (docs/PERF.md, "Where a small operation's time goes").
+ * (docs/PERF.md, "Where gcomm is behind, and why").
  */
 #include <stdint.h>
 
@@ -382,7 +382,7 @@ static __device__ __forceinline__ void llWrite(uint4* p, uint64_t data, uint32_t
 
 /* One LL step: each thread takes whole lines (8 bytes: 8 / sizeof(T) elements). Inlined, with
  * the dispatch that leads here: a call's register saves go through local memory, and in a small
- * operation those cost more than the data (PERF.md, "Where a small operation's time goes"). */
+ * operation those cost more than the data (PERF.md, "Where gcomm is behind, and why"). */
 template <int DT, int OP>
 static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w) {
   typedef typename Dt<DT>::S T;

@@ -3,11 +3,13 @@
  *
  * nccl-tests' flags and output format, for every collective, timing gcomm and, in the same run
  * and the same harness, the MPI library's own collectives (and NCCL, when built with
- * -DGCOMM_PERF_NCCL). Each backend prints its own table, so that the tables compare line by line.
- * The backends take turns size by size, not one whole sweep after another: a shared or virtual
- * machine drifts over seconds, while measurements adjacent in time share the machine's state.
+ * -DGCOMM_PERF_NCCL). With several backends one table shows them side by side, each size's times
+ * and bus bandwidths with the ratio of every other backend's time to the first's (--separate: one
+ * nccl-tests table per backend instead; tools/perf_table.py reads both). The backends take turns
+ * size by size, not one whole sweep after another: a shared or virtual machine drifts over
+ * seconds, while measurements adjacent in time share the machine's state.
  *
- *   mpiexec -n 4 build/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
+ *   mpiexec -n 4 build/gcomm_perf --coll allreduce -b 16 -e 64M -f 4 --backend gcomm,mpi
  *
  * How it is put together, top to bottom:
  *   options        the command line (nccl-tests' short flags, plus --coll and --backend)
@@ -104,7 +106,8 @@ static struct {
   unsigned colls;    /* bit i: collectives[i] */
   unsigned backends; /* bit i: BACKEND_i, in that order */
   int proxyMode;     /* GCOMM_PROXY_*, or -1 for gcomm's default */
-} opt = {32 << 20, 32 << 20, 1 << 20, 1, 20, 5, 1, 1, -1, 0, gcommFloat, gcommSum, 0, 0, 0, -1};
+  int separate;      /* several backends: one nccl-tests table each, not one side by side */
+} opt = {32 << 20, 32 << 20, 1 << 20, 1, 20, 5, 1, 1, -1, 0, gcommFloat, gcommSum, 0, 0, 0, -1, 0};
 
 static const char* const opNames[gcommNumOps] = {"sum", "prod", "max", "min", "avg"};
 static const char* const backendNames[NUM_BACKENDS] = {"gcomm", "mpi", "nccl"};
@@ -128,7 +131,9 @@ static void usage(const char* prog) {
       "\t[-g <0/1>, --gpu[=0/1]] device buffers (default: in a CUDA build with a device present)\n"
       "\t[--coll <allreduce/broadcast/reduce/allgather/reducescatter/alltoall/gather/scatter/"
       "sendrecv/all>[,...]] (default allreduce)\n"
-      "\t[--backend <gcomm/mpi/nccl>[,...]] (default gcomm)\n"
+      "\t[--backend <gcomm/mpi/nccl>[,...]] (default gcomm); several: one table, side by side,\n"
+      "\t\twith each backend's time over the first one's (above 1: the first is faster)\n"
+      "\t[--separate] with several backends, one nccl-tests table per backend instead\n"
       "\t[--proxy <thread/poll>] gcomm's progress mode (GCOMM_PROXY_MODE wins)\n"
       "\t[-h,--help]\n",
       prog);
@@ -1292,39 +1297,89 @@ static void timeLanes(Test* t, Lane* lanes, int nlanes, int inPlace, double* sec
     if (sec[l] >= 0) sec[l] = aggregateTime(sec[l] / opt.iters);
 }
 
-/* Checks and adds to a lane's table one half of a row (out of place or in place), timed at sec
- * seconds per iteration (negative: not run). */
-static void addResult(Test* t, Lane* lane, int inPlace, double sec) {
-  Table* table = &lane->table;
-  char timeStr[16], algStr[16], busStr[16];
-  long long wrong = 0;
+/* One half of a row of one backend (out of place or in place): seconds per iteration (negative:
+ * not run), bandwidths, and the wrong elements over all ranks (negative: not checked). */
+typedef struct {
+  double sec, algBw, busBw;
+  long long wrong;
+} Result;
+
+/* Checks a lane's result, timed at sec seconds per iteration, and adds it to the lane's totals. */
+static Result measure(Test* t, Lane* lane, int inPlace, double sec) {
+  Result res = {sec, 0.0, 0.0, -1};
   int checked = opt.check > 0 && !(inPlace && t->coll->inPlaceUndefined);
-  double algBw, busBw;
-  if (sec < 0) {
-    tableAdd(table, "  %7s  %6s  %6s    N/A", "N/A", "N/A", "N/A");
-    return;
-  }
+  if (sec < 0) return res;
   useLane(t, lane, inPlace);
-  algBw = (double)largestBytes(t) / 1.0e9 / sec;
-  busBw = algBw * t->coll->busFactor(world.nranks);
-  for (int c = 0; checked && c < opt.check && wrong == 0; c++) {
+  res.algBw = (double)largestBytes(t) / 1.0e9 / sec;
+  res.busBw = res.algBw * t->coll->busFactor(world.nranks);
+  if (checked) res.wrong = 0;
+  for (int c = 0; checked && c < opt.check && res.wrong == 0; c++) {
     long long mine;
     fillBuffers(t, (unsigned)c + 1);
     launch(t, 0), t->be->afterEach(), t->be->afterAll();
     mine = countWrong(t);
-    table->errors += mine != 0;
-    MPI_Allreduce(&mine, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    lane->table.errors += mine != 0;
+    MPI_Allreduce(&mine, &res.wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
   }
-  formatNumber(timeStr, 7, sec * 1e6);
-  formatNumber(algStr, 6, algBw);
-  formatNumber(busStr, 6, busBw);
-  if (checked) {
-    tableAdd(table, "  %7s  %6s  %6s  %6g", timeStr, algStr, busStr, (double)wrong);
+  lane->table.bwSum += res.busBw;
+  lane->table.bwCount++;
+  return res;
+}
+
+/* nccl-tests' cells of one half of a row: time, algbw, busbw, #wrong. */
+static void addCells(Table* table, const Result* res) {
+  char timeStr[16], algStr[16], busStr[16];
+  if (res->sec < 0) {
+    tableAdd(table, "  %7s  %6s  %6s    N/A", "N/A", "N/A", "N/A");
+    return;
+  }
+  formatNumber(timeStr, 7, res->sec * 1e6);
+  formatNumber(algStr, 6, res->algBw);
+  formatNumber(busStr, 6, res->busBw);
+  if (res->wrong >= 0) {
+    tableAdd(table, "  %7s  %6s  %6s  %6g", timeStr, algStr, busStr, (double)res->wrong);
   } else {
     tableAdd(table, "  %7s  %6s  %6s    N/A", timeStr, algStr, busStr);
   }
-  table->bwSum += busBw;
-  table->bwCount++;
+}
+
+/* The side-by-side cells of one half of a row: every backend's time, then every backend's busbw,
+ * then each other backend's time over the first one's, then the wrong elements of them all. */
+static void addSideBySide(Table* table, const Result* res, int nlanes) {
+  char str[16];
+  long long wrong = -1;
+  for (int l = 0; l < nlanes; l++) {
+    if (res[l].sec < 0)
+      snprintf(str, sizeof(str), "N/A");
+    else
+      formatNumber(str, 8, res[l].sec * 1e6);
+    tableAdd(table, " %8s", str);
+  }
+  for (int l = 0; l < nlanes; l++) {
+    if (res[l].sec < 0)
+      snprintf(str, sizeof(str), "N/A");
+    else
+      formatNumber(str, 7, res[l].busBw);
+    tableAdd(table, " %7s", str);
+  }
+  for (int l = 1; l < nlanes; l++) {
+    if (res[l].sec < 0 || res[0].sec <= 0)
+      snprintf(str, sizeof(str), "N/A");
+    else
+      snprintf(str, sizeof(str), "%6.2f", res[l].sec / res[0].sec);
+    tableAdd(table, " %6s", str);
+  }
+  for (int l = 0; l < nlanes; l++)
+    if (res[l].wrong >= 0) wrong = (wrong < 0 ? 0 : wrong) + res[l].wrong;
+  if (wrong >= 0)
+    tableAdd(table, " %6lld", wrong);
+  else
+    tableAdd(table, " %6s", "N/A");
+}
+
+/* Whether the backends share one table (several, without --separate). */
+static int sideBySide(int nlanes) {
+  return nlanes > 1 && !opt.separate;
 }
 
 static size_t nextSize(size_t size) {
@@ -1332,25 +1387,31 @@ static size_t nextSize(size_t size) {
   return size + opt.stepBytes;
 }
 
-/* Every size for one type, op and root: one row in each lane's table. The backends take turns
- * size by size (out of place, then in place), and within each in rounds (timeLanes), rather than
- * one backend's whole sweep after another's: a shared or virtual machine drifts, so that rows
- * measured seconds apart compare unfairly either way, while adjacent measurements share its
- * state. */
+/* Every size for one type, op and root: one row in each lane's table, or one row side by side.
+ * The backends take turns size by size (out of place, then in place), and within each in rounds
+ * (timeLanes), rather than one backend's whole sweep after another's: a shared or virtual machine
+ * drifts, so that rows measured seconds apart compare unfairly either way, while adjacent
+ * measurements share its state. */
 static void sweep(Test* t, Lane* lanes, int nlanes) {
   char root[16];
+  int tables = sideBySide(nlanes) ? 1 : nlanes;
   snprintf(root, sizeof(root), "%6i", t->coll->rooted ? t->root : -1);
   for (size_t size = opt.minBytes; size <= opt.maxBytes; size = nextSize(size)) {
     sizeTest(t, size);
-    for (int l = 0; l < nlanes; l++)
+    for (int l = 0; l < tables; l++)
       tableAdd(&lanes[l].table, "%12zu  %12zu  %8s  %6s  %6s", largestBytes(t), t->count,
                types[t->type].name, reduces(t) ? opNames[t->op] : "none", root);
     for (int inPlace = 0; inPlace <= 1; inPlace++) {
       double sec[NUM_BACKENDS];
+      Result res[NUM_BACKENDS];
       timeLanes(t, lanes, nlanes, inPlace, sec);
-      for (int l = 0; l < nlanes; l++) addResult(t, &lanes[l], inPlace, sec[l]);
+      for (int l = 0; l < nlanes; l++) res[l] = measure(t, &lanes[l], inPlace, sec[l]);
+      if (tables == 1 && nlanes > 1)
+        addSideBySide(&lanes[0].table, res, nlanes);
+      else
+        for (int l = 0; l < nlanes; l++) addCells(&lanes[l].table, &res[l]);
     }
-    for (int l = 0; l < nlanes; l++) tableAdd(&lanes[l].table, "\n");
+    for (int l = 0; l < tables; l++) tableAdd(&lanes[l].table, "\n");
   }
 }
 
@@ -1385,6 +1446,46 @@ static void addTableHeader(Lane* lanes, int nlanes, int self, const Coll* coll) 
            "(GB/s)", "", 0, "");
 }
 
+/* One line of the side-by-side header: the leading columns' cells, then for each half of a row
+ * `time` and `busbw` over every backend, `ratio` over the others, and `wrong`. */
+static void addSideBySideLine(Table* table, Lane* lanes, int nlanes, const char* const lead[5],
+                              const char* time, const char* busbw, const char* ratio,
+                              const char* wrong, int names) {
+  tableAdd(table, "# %10s  %12s  %8s  %6s  %6s", lead[0], lead[1], lead[2], lead[3], lead[4]);
+  for (int inPlace = 0; inPlace <= 1; inPlace++) {
+    for (int l = 0; l < nlanes; l++) tableAdd(table, " %8s", names ? lanes[l].be->name : time);
+    for (int l = 0; l < nlanes; l++) tableAdd(table, " %7s", names ? lanes[l].be->name : busbw);
+    for (int l = 1; l < nlanes; l++) tableAdd(table, " %6s", names ? lanes[l].be->name : ratio);
+    tableAdd(table, " %6s", wrong);
+  }
+  tableAdd(table, "\n");
+}
+
+/* The header of the one table of several backends: what each is, what the ratio means, and the
+ * columns (out of place, then in place). "# Backends:" lists them in column order for scripts. */
+static void addSideBySideHeader(Lane* lanes, int nlanes, const Coll* coll) {
+  static const char* const names[5] = {"size", "count", "type", "redop", "root"};
+  static const char* const units[5] = {"(B)", "(elements)", "", "", ""};
+  Table* table = &lanes[0].table;
+  char description[512];
+  int width = 9 * nlanes + 8 * nlanes + 7 * (nlanes - 1) + 7;
+  tableAdd(table, "#\n# Collective: %s\n# Backends:", coll->name);
+  for (int l = 0; l < nlanes; l++) tableAdd(table, " %s", lanes[l].be->name);
+  tableAdd(table, " (measured interleaved, in %d rounds)\n", roundsOf(nlanes));
+  for (int l = 0; l < nlanes; l++) {
+    lanes[l].be->describe(description, sizeof(description));
+    tableAdd(table, "#   %-6s %s\n", lanes[l].be->name, description);
+  }
+  tableAdd(table,
+           "# time: us per call; busbw: GB/s; ratio: that backend's time / %s's time (= %s's "
+           "busbw / its busbw): above 1, %s is faster\n#\n",
+           lanes[0].be->name, lanes[0].be->name, lanes[0].be->name);
+  tableAdd(table, "# %10s  %12s  %8s  %6s  %6s %-*s %-*s\n", "", "", "", "", "", width - 1,
+           " out-of-place", width - 1, " in-place");
+  addSideBySideLine(table, lanes, nlanes, names, "time", "busbw", "ratio", "#wrong", 0);
+  addSideBySideLine(table, lanes, nlanes, units, "", "", "", "", 1);
+}
+
 /* The footer: the wrong measurements of every rank, and the average bus bandwidth. */
 static void addTableFooter(Table* table) {
   MPI_Allreduce(MPI_IN_PLACE, &table->errors, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
@@ -1393,6 +1494,26 @@ static void addTableFooter(Table* table) {
   tableAdd(table, "# %-20s : %g %s\n", "Avg bus bandwidth",
            table->bwCount ? table->bwSum / table->bwCount : 0.0, "");
   tableAdd(table, "#\n");
+}
+
+/* The side-by-side footer: the footer's two lines, with each backend's figure. */
+static void addSideBySideFooter(Lane* lanes, int nlanes) {
+  Table* table = &lanes[0].table;
+  int errors = 0;
+  for (int l = 0; l < nlanes; l++) {
+    MPI_Allreduce(MPI_IN_PLACE, &lanes[l].table.errors, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    errors += lanes[l].table.errors;
+  }
+  tableAdd(table, "# %-20s : %d %s (", "Out of bounds values", errors, errors ? "FAILED" : "OK");
+  for (int l = 0; l < nlanes; l++)
+    tableAdd(table, "%s%s %d", l ? ", " : "", lanes[l].be->name, lanes[l].table.errors);
+  tableAdd(table, ")\n# %-20s :", "Avg bus bandwidth");
+  for (int l = 0; l < nlanes; l++) {
+    Table* own = &lanes[l].table;
+    tableAdd(table, "%s %s %g", l ? "," : "", lanes[l].be->name,
+             own->bwCount ? own->bwSum / own->bwCount : 0.0);
+  }
+  tableAdd(table, "\n#\n");
 }
 
 /* Opens a backend with buffers of its own: each has its kind of memory (MPI's on the host), and
@@ -1428,13 +1549,19 @@ static int runCollective(const Coll* coll) {
     openLane(&lanes[nlanes], backendOf(b), nlanes == 0);
     nlanes++;
   }
-  for (int l = 0; l < nlanes; l++) addTableHeader(lanes, nlanes, l, coll);
+  if (sideBySide(nlanes))
+    addSideBySideHeader(lanes, nlanes, coll);
+  else
+    for (int l = 0; l < nlanes; l++) addTableHeader(lanes, nlanes, l, coll);
   for (t.type = typeLo; t.type < typeHi; t.type++)
     for (t.op = opLo; t.op < opHi; t.op++)
       for (t.root = rootLo; t.root < rootHi; t.root++) sweep(&t, lanes, nlanes);
+  for (int l = 0; l < nlanes; l++) closeLane(&lanes[l]);
+  if (sideBySide(nlanes))
+    addSideBySideFooter(lanes, nlanes);
+  else
+    for (int l = 0; l < nlanes; l++) addTableFooter(&lanes[l].table);
   for (int l = 0; l < nlanes; l++) {
-    closeLane(&lanes[l]);
-    addTableFooter(&lanes[l].table);
     printTable(&lanes[l].table);
     errors += lanes[l].table.errors;
   }
@@ -1517,6 +1644,7 @@ static int parseArgs(int argc, char** argv) {
                                            {"coll", required_argument, 0, 'C'},
                                            {"backend", required_argument, 0, 'B'},
                                            {"proxy", required_argument, 0, 'P'},
+                                           {"separate", no_argument, 0, 'S'},
                                            {"help", no_argument, 0, 'h'},
                                            {0, 0, 0, 0}};
   const char* collNames[NUM_COLLS];
@@ -1584,6 +1712,9 @@ static int parseArgs(int argc, char** argv) {
                         : strcmp(optarg, "thread") == 0 ? GCOMM_PROXY_THREAD
                                                         : -2;
         bad = opt.proxyMode == -2 ? "proxy" : NULL;
+        break;
+      case 'S':
+        opt.separate = 1;
         break;
       case 'h':
         usage(argv[0]);

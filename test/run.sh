@@ -3,14 +3,18 @@
 #
 # Each program prints "PASS what" / "FAIL what: why" lines (rank 0); this script counts them. A run
 # that exits non-zero (a crash, a sanitizer report, a leak), hangs past its timeout, or prints no
-# PASS line counts as one more failure. The last line is "N passed, N failed"; the exit status is
-# non-zero when anything failed.
+# PASS line counts as one more failure. Each run's output (stdout, and stderr with the warnings of
+# tests that provoke errors on purpose) goes to a log file; the screen gets one line per program
+# and rank count, and for a failed run its FAIL lines and the tail of its log. The last line is
+# "N passed, N failed"; the exit status is non-zero when anything failed.
 #
 # Environment: BUILD (build directory, default build), MPIEXEC (default mpiexec),
 #   TEST_NPS     rank counts to use (default "1 2 3 4 5 8"; a test's own minimum still applies)
 #   TEST_ONLY    run only the tests whose names match this extended regex
 #   TEST_TIMEOUT seconds one run may take (default 300)
 #   TEST_SEED    the seed of the random data (the programs print it when a check fails)
+#   TEST_LOGS    where to keep the logs (default: a temporary folder, removed when all passed)
+#   TEST_VERBOSE 1: print every run's whole output as it comes, as well
 set -u
 
 BUILD=${BUILD:-build}
@@ -41,8 +45,9 @@ export HWLOC_PLUGINS_PATH=${HWLOC_PLUGINS_PATH:-/nonexistent}
 
 passed=0
 failed=0
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+logs=${TEST_LOGS:-$(mktemp -d)}
+mkdir -p "$logs"
+[ -n "${TEST_LOGS:-}" ] || trap '[ "$failed" = 0 ] && rm -rf "$logs"' EXIT
 
 tests=("$BUILD"/test/*)
 if [ ! -e "${tests[0]}" ]; then
@@ -51,6 +56,15 @@ if [ ! -e "${tests[0]}" ]; then
   exit 1
 fi
 
+# Shows what went wrong in one run: its FAIL lines and the last lines of its log.
+show_failure() {
+  local out=$1 err=$2
+  grep '^FAIL ' "$out" | head -20 | sed 's/^/      /'
+  echo "      -- last lines of $err (stderr) and $out (stdout):"
+  tail -n 30 "$err" | sed 's/^/      | /'
+  tail -n 10 "$out" | sed 's/^/      | /'
+}
+
 start_all=$(date +%s)
 for prog in "${tests[@]}"; do
   [ -f "$prog" ] && [ -x "$prog" ] || continue # (a CUDA build also has test/gpu/)
@@ -58,31 +72,44 @@ for prog in "${tests[@]}"; do
   if [ -n "${TEST_ONLY:-}" ] && ! [[ $name =~ $TEST_ONLY ]]; then continue; fi
   for n in $NPS; do
     [ "$n" -ge "$(min_ranks "$name")" ] || continue
-    echo "== $name -n $n"
+    out="$logs/$name-n$n.out"
+    err="$logs/$name-n$n.err"
     t0=$(date +%s.%N)
     # Only stdout is counted (rank 0 prints the checks there); stderr (warnings, sanitizer
-    # reports) goes straight through, so it cannot split a PASS/FAIL line.
-    timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n" "$prog" | tee "$out"
+    # reports) goes to its own file, so it cannot split a PASS/FAIL line.
+    if [ "${TEST_VERBOSE:-0}" = 1 ]; then
+      timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n" "$prog" \
+        2> >(tee "$err" >&2) | tee "$out"
+    else
+      timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n" "$prog" >"$out" 2>"$err"
+    fi
     rc=${PIPESTATUS[0]}
     t1=$(date +%s.%N)
     p=$(grep -c '^PASS ' "$out")
     f=$(grep -c '^FAIL ' "$out")
+    why=""
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+      why="timed out after ${TIMEOUT} s (a hang?)"
+    elif [ "$rc" != 0 ]; then
+      why="exited with status $rc"
+    elif [ "$p" = 0 ]; then
+      why="ran no check"
+    fi
+    [ -z "$why" ] || f=$((f + 1))
     passed=$((passed + p))
     failed=$((failed + f))
-    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-      echo "FAIL $name -n $n: timed out after ${TIMEOUT} s (a hang?); last check above"
-      failed=$((failed + 1))
-    elif [ "$rc" != 0 ]; then
-      echo "FAIL $name -n $n: exited with status $rc"
-      failed=$((failed + 1))
-    elif [ "$p" = 0 ]; then
-      echo "FAIL $name -n $n: ran no check"
-      failed=$((failed + 1))
+    secs=$(awk -v t0="$t0" -v t1="$t1" 'BEGIN { printf "%.1f", t1 - t0 }')
+    if [ "$f" = 0 ]; then
+      printf 'PASS  %-16s -n %-2s %6d check%s  %7s s\n' "$name" "$n" "$p" \
+        "$([ "$p" = 1 ] || echo s)" "$secs"
+    else
+      printf 'FAIL  %-16s -n %-2s %6d passed, %d failed%s  %s s\n' "$name" "$n" "$p" "$f" \
+        "${why:+ ($why)}" "$secs"
+      show_failure "$out" "$err"
     fi
-    awk -v t0="$t0" -v t1="$t1" -v name="$name" -v n="$n" -v p="$p" -v f="$f" \
-      'BEGIN { printf "== %s -n %s: %d PASS, %d FAIL lines, %.1f s\n", name, n, p, f, t1 - t0 }'
   done
 done
 echo "== all tests: $(($(date +%s) - start_all)) s"
+[ "$failed" = 0 ] || echo "== logs of every run: $logs"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

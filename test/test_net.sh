@@ -160,8 +160,8 @@ for cfg in $KILLS; do
 done
 
 # Runs test_netkill across 2 pretend nodes, through the launcher words given (if any): passes when
-# its output says $2 and no check passed (the communicator was refused at init). Twice in CI
-# (sessions 10, 11), right after a kill test, mpiexec exited 1 having printed nothing at all (the
+# its output says $2 and no check passed (the communicator was refused at init). In CI, at
+# times, right after a kill test, mpiexec exited 1 having printed nothing at all (the
 # program never ran): then the processes still around are listed and the launch is tried again.
 expectRefused() {
   local what=$1 says=$2 rc

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/profiler_overhead.sh BASE_DIR [ROUNDS] - the profiler's cost on a 1 KB host all-reduce at 4
-# ranks: BASE_DIR holds an older gcomm's sources (e.g. `git archive 33c20df | tar -x -C base`),
+# ranks: BASE_DIR holds an older gcomm's sources (e.g. `git archive <commit> | tar -x -C base`),
 # built beside this tree; then ROUNDS (default 5) interleaved runs of base, this tree without a
 # plugin, and this tree with the example trace plugin and every event on. Prints one line a run.
 # Environment: MAKEFLAGS_MPI (extra make arguments, e.g. MPICC=gcc MPI_CFLAGS=... MPI_LIBS=...),

@@ -32,8 +32,8 @@
  * provider's default completion (the buffer is reusable), never FI_DELIVERY_COMPLETE: no extra
  * round trip per slot, and the shm provider (libfabric 1.17) sends FI_DELIVERY_COMPLETE messages
  * through its segmentation protocol, one message at a time per peer, whose zero-byte case never
- * completes: every later send to that peer then fails with -FI_EAGAIN forever (the deadlock of
- * issue 4; an unmatched message would block the peer's other lanes the same way).
+ * completes: every later send to that peer then fails with -FI_EAGAIN forever (a deadlock; an
+ * unmatched message would block the peer's other lanes the same way).
  *
  * Tags (60 bits, the top 4 left to providers that reserve them):
  *   bit 56: credit          bits 36..55  sender's rank (20 bits)      bits 28..35  lane (8 bits)
@@ -146,7 +146,7 @@ struct gcommNet {
   struct fid_cq* cq;
   /* GCOMM_NET_ENDPOINTS endpoints, all on this CQ and AV: each makes its own connection to a peer,
    * and lane l takes endpoint l % nEps, so that a provider over TCP moves an operation's channels
-   * over separate sockets (docs/PERF.md, session 12) */
+   * over separate sockets (docs/TUNING.md) */
   struct fid_ep* eps[NET_MAX_ENDPOINTS];
   int nEps;
   netRegion_t* regions;

@@ -1,5 +1,5 @@
 #!/bin/bash
-# test/gpu/run.sh - on the lent GPU machine, in one call: build with CUDA (and NCCL when
+# test/gpu/run.sh - on a GPU machine, in one call: build with CUDA (and NCCL when
 # $NCCL_HOME has it), GPU correctness at 2 ranks on 2 GPUs, the benchmark beside NCCL, then 4 ranks
 # on 2 GPUs and 2 ranks on 1 GPU, then compute-sanitizer, staging through host memory, copy
 # engines, the network. Logs go to $OUT (or ./gpu-logs).
@@ -13,8 +13,8 @@ OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 B=${BUILD:-build-gpu}
 export GCOMM_TIMEOUT_MS=${GCOMM_TIMEOUT_MS:-30000}
 NG=$(nvidia-smi -L 2>/dev/null | wc -l)
-# ranks of the main stages (test, perf, large, channels): one a GPU, 2 by default (the x2 bars);
-# NR=4 on nvidia-h200-x4
+# ranks of the main stages (test, perf, large, channels): one a GPU, 2 by default;
+# NR=4 on a machine with 4 GPUs
 NR=${NR:-2}
 { nvidia-smi; nvidia-smi topo -m; df -h /dev/shm; } > "$OUT/machine.log" 2>&1
 if command -v mpicc >/dev/null && mpicc -showme >/dev/null 2>&1; then   # Open MPI
@@ -75,7 +75,7 @@ if want algos; then
 fi
 want large && step perf_${NR}r_large 300 $RUN $NR $B/gcomm_perf --coll all -b 64M -e 4G -f 4 -n 10 -w 3 -c 0 --backend $PERFBACK
 want quick && step quick_4r${NG}g 200 $RUN 4 $B/test/gpu/test_gpu --quick
-# two ranks on every GPU when there are more than 2 (8 ranks on nvidia-h200-x4)
+# two ranks on every GPU when there are more than 2 (8 ranks on 4 GPUs)
 want quick && [ "$NG" -gt 2 ] && step quick_$((2 * NG))r${NG}g 300 $RUN $((2 * NG)) $B/test/gpu/test_gpu --quick
 want quick && TEST_NGPUS=1 step quick_2r1g 120 $RUN 2 $B/test/gpu/test_gpu --quick
 want quick && TEST_NGPUS=1 step quick_4r1g 200 $RUN 4 $B/test/gpu/test_gpu --quick

@@ -1,5 +1,5 @@
 /*
- * test/gpu/test_gpu_fault.c - failure behaviour of GPU communicators (issue 8), on the lent GPU
+ * test/gpu/test_gpu_fault.c - failure behaviour of GPU communicators, on a GPU
  * machine: `make CUDA=1 gpu-test`, then `mpiexec -n 2 build/test/gpu/test_gpu_fault`.
  *
  * abort     rank 0's kernel waits on a receive that is never matched; another thread calls
