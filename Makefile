@@ -162,3 +162,8 @@ $(BUILD)/test/gpu/%: test/gpu/%.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
 gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/gcomm_perf $(PLUGINS)
 .PHONY: gpu-test
 endif
+
+# gcomm_info: whether this machine is set up for gcomm, and why not (tools/gcomm_info.c)
+all: $(BUILD)/gcomm_info
+$(BUILD)/gcomm_info: tools/gcomm_info.c $(BUILD)/libgcomm.a $(LIB_HDR) $(CONFIG)
+	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
