@@ -669,9 +669,38 @@ static int spansNodes(const job_t* job) {
 }
 
 #ifdef GCOMM_OFI
-#define MAX_CANDIDATES 64
+#define MAX_CANDIDATES 128
+/* Whether two candidates have the same provider and rank (level 0), and domain (1), and fabric
+ * (2). */
+static int alike(const gcommNetCandidate_t* a, const gcommNetCandidate_t* b, int level) {
+  return strcmp(a->prov, b->prov) == 0 && a->rank == b->rank &&
+         (level < 1 || strcmp(a->domain, b->domain) == 0) &&
+         (level < 2 || strcmp(a->fabric, b->fabric) == 0);
+}
+static int seenBefore(const gcommNetCandidate_t* c, int i, int level) {
+  for (int j = 0; j < i; j++)
+    if (alike(&c[j], &c[i], level)) return 1;
+  return 0;
+}
+
+/* "eth0 (192.0.2.0/24 fe80::/64), lo (127.0.0.1/32)": the domains (interfaces) of the entries
+ * alike c[k], each with its fabrics (addresses). */
+static void domainsOf(const gcommNetCandidate_t* c, int n, int k, char* buf, size_t len) {
+  size_t used = 0;
+  buf[0] = 0;
+  for (int i = 0; i < n && used + 96 < len; i++) {
+    if (!alike(&c[i], &c[k], 0) || seenBefore(c, i, 1)) continue;
+    used += snprintf(buf + used, len - used, "%s%s (", used ? ", " : "", c[i].domain);
+    for (int j = i; j < n && used + 80 < len; j++)
+      if (alike(&c[j], &c[i], 1) && !seenBefore(c, j, 2))
+        used += snprintf(buf + used, len - used, "%s%s", j > i ? " " : "", c[j].fabric);
+    used += snprintf(buf + used, len - used, ")");
+  }
+}
+
 static void printNetwork(const job_t* job) {
   static gcommNetCandidate_t c[MAX_CANDIDATES];
+  char domains[1024];
   int chosen = -1;
   const char* err = NULL;
   beginSection("network", "network (libfabric)");
@@ -680,26 +709,24 @@ static void printNetwork(const job_t* job) {
                         : -1;
   if (n < 0) {
     field("error", "fi_getinfo", "%s", err ? err : "no communicator (see the findings)");
-  } else {
-    beginList("providers", "providers (tagged, reliable datagrams)");
-    for (int i = 0; i < n; i++) {
-      beginRow(c[i].prov);
-      field("provider", NULL, "%s", c[i].prov);
-      field("fabric", "fabric", "%s", c[i].fabric);
-      field("domain", "domain", "%s", c[i].domain);
-      number("rank", "rank", c[i].rank, 0, "");
-      field("why", "", "%s", gcommNetRankWhy(c[i].rank));
-      endRow();
-    }
-    endList();
+    n = 0;
   }
+  beginList("providers", "providers (tagged, reliable datagrams), by gcomm's rank");
+  for (int i = 0; i < n; i++) {
+    if (seenBefore(c, i, 0)) continue;
+    domainsOf(c, n, i, domains, sizeof(domains));
+    beginRow(c[i].prov);
+    field("provider", NULL, "%s", c[i].prov);
+    number("rank", "rank", c[i].rank, 0, "");
+    field("why", "", "%s", gcommNetRankWhy(c[i].rank));
+    field("domains", "domains", "%s", domains);
+    endRow();
+  }
+  endList();
   if (chosen >= 0) {
-    field("chosen", "gcomm takes", "%s (domain %s): %s", c[chosen].prov, c[chosen].domain,
+    domainsOf(c, n, chosen, domains, sizeof(domains));
+    field("chosen", "gcomm takes", "%s, domain %s: %s", c[chosen].prov, c[chosen].domain,
           gcommNetRankWhy(c[chosen].rank));
-    char domains[512] = "";
-    for (int i = 0, len = 0; i < n && len < (int)sizeof(domains) - 64; i++)
-      if (strcmp(c[i].prov, c[chosen].prov) == 0)
-        len += snprintf(domains + len, sizeof(domains) - len, "%s%s", len ? " " : "", c[i].domain);
     field("interfaces", "its domains (interfaces)", "%s", domains);
   } else {
     field("chosen", "gcomm takes", "none");
