@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# test/run.sh - runs every test program under $MPIEXEC -n N for several N (`make test` calls it).
+# test/run.sh - runs every test program under $MPIEXEC -n N for several N (`make test` calls it),
+# then the test scripts that start their own jobs (test_info.sh) once each.
 #
 # Each program prints "PASS what" / "FAIL what: why" lines (rank 0); this script counts them. A run
 # that exits non-zero (a crash, a sanitizer report, a leak), hangs past its timeout, or prints no
@@ -51,6 +52,35 @@ if [ ! -e "${tests[0]}" ]; then
   exit 1
 fi
 
+# runCounted LABEL COMMAND...: runs one command under the timeout and counts its PASS/FAIL lines.
+runCounted() {
+  local label=$1
+  shift
+  echo "== $label"
+  t0=$(date +%s.%N)
+  # Only stdout is counted (rank 0 prints the checks there); stderr (warnings, sanitizer
+  # reports) goes straight through, so it cannot split a PASS/FAIL line.
+  timeout -k 10 "$TIMEOUT" "$@" | tee "$out"
+  rc=${PIPESTATUS[0]}
+  t1=$(date +%s.%N)
+  p=$(grep -c '^PASS ' "$out")
+  f=$(grep -c '^FAIL ' "$out")
+  passed=$((passed + p))
+  failed=$((failed + f))
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    echo "FAIL $label: timed out after ${TIMEOUT} s (a hang?); last check above"
+    failed=$((failed + 1))
+  elif [ "$rc" != 0 ]; then
+    echo "FAIL $label: exited with status $rc"
+    failed=$((failed + 1))
+  elif [ "$p" = 0 ]; then
+    echo "FAIL $label: ran no check"
+    failed=$((failed + 1))
+  fi
+  awk -v t0="$t0" -v t1="$t1" -v label="$label" -v p="$p" -v f="$f" \
+    'BEGIN { printf "== %s: %d PASS, %d FAIL lines, %.1f s\n", label, p, f, t1 - t0 }'
+}
+
 start_all=$(date +%s)
 for prog in "${tests[@]}"; do
   [ -f "$prog" ] && [ -x "$prog" ] || continue # (a CUDA build also has test/gpu/)
@@ -58,30 +88,14 @@ for prog in "${tests[@]}"; do
   if [ -n "${TEST_ONLY:-}" ] && ! [[ $name =~ $TEST_ONLY ]]; then continue; fi
   for n in $NPS; do
     [ "$n" -ge "$(min_ranks "$name")" ] || continue
-    echo "== $name -n $n"
-    t0=$(date +%s.%N)
-    # Only stdout is counted (rank 0 prints the checks there); stderr (warnings, sanitizer
-    # reports) goes straight through, so it cannot split a PASS/FAIL line.
-    timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n" "$prog" | tee "$out"
-    rc=${PIPESTATUS[0]}
-    t1=$(date +%s.%N)
-    p=$(grep -c '^PASS ' "$out")
-    f=$(grep -c '^FAIL ' "$out")
-    passed=$((passed + p))
-    failed=$((failed + f))
-    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-      echo "FAIL $name -n $n: timed out after ${TIMEOUT} s (a hang?); last check above"
-      failed=$((failed + 1))
-    elif [ "$rc" != 0 ]; then
-      echo "FAIL $name -n $n: exited with status $rc"
-      failed=$((failed + 1))
-    elif [ "$p" = 0 ]; then
-      echo "FAIL $name -n $n: ran no check"
-      failed=$((failed + 1))
-    fi
-    awk -v t0="$t0" -v t1="$t1" -v name="$name" -v n="$n" -v p="$p" -v f="$f" \
-      'BEGIN { printf "== %s -n %s: %d PASS, %d FAIL lines, %.1f s\n", name, n, p, f, t1 - t0 }'
+    runCounted "$name -n $n" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n" "$prog"
   done
+done
+# Scripts that start their own jobs (each with the rank counts it needs): run once each.
+for script in test_info.sh; do
+  name=${script%.sh}
+  if [ -n "${TEST_ONLY:-}" ] && ! [[ $name =~ $TEST_ONLY ]]; then continue; fi
+  runCounted "$name" env BUILD="$BUILD" MPIEXEC="$MPIEXEC" bash "$here/$script"
 done
 echo "== all tests: $(($(date +%s) - start_all)) s"
 echo "$passed passed, $failed failed"
