@@ -269,6 +269,31 @@ typedef struct {
   char** gcommEnv; /* the GCOMM_* entries as the tool found them, before its own */
 } job_t;
 
+/* "0,1,5" for the ranks whose facts match rank r's by same() */
+static int ranksLike(const job_t* job, int r, int (*same)(const rankFacts_t*, const rankFacts_t*),
+                     char* list, size_t len) {
+  int n = 0, used = 0;
+  list[0] = 0;
+  for (int q = 0; q < job->nranks; q++) {
+    if (!same(&job->all[q], &job->all[r])) continue;
+    if (used < (int)len - 16) used += snprintf(list + used, len - used, "%s%d", n ? "," : "", q);
+    n++;
+  }
+  return n;
+}
+static int sameHost(const rankFacts_t* a, const rankFacts_t* b) {
+  return strcmp(a->host, b->host) == 0;
+}
+static int sameGpu(const rankFacts_t* a, const rankFacts_t* b) {
+  return sameHost(a, b) && a->device >= 0 && b->device >= 0 && strcmp(a->pci, b->pci) == 0;
+}
+/* Whether rank r is the first of the ranks like it. */
+static int firstLike(const job_t* job, int r, int (*same)(const rankFacts_t*, const rankFacts_t*)) {
+  for (int q = 0; q < r; q++)
+    if (same(&job->all[q], &job->all[r])) return 0;
+  return 1;
+}
+
 static void shmFacts(rankFacts_t* f) {
   struct statvfs s;
   if (statvfs("/dev/shm", &s) == 0) {
@@ -519,9 +544,8 @@ static double shmNeed(const job_t* job, int nLocal) {
 
 static void printShm(const job_t* job) {
   const rankFacts_t* f = &job->all[0];
-  char a[32], b[32];
-  int nLocal = 0;
-  for (int r = 0; r < job->nranks; r++) nLocal += strcmp(job->all[r].host, f->host) == 0;
+  char a[32], b[32], list[256];
+  int nLocal = ranksLike(job, 0, sameHost, list, sizeof(list));
   beginSection("shm", "/dev/shm");
   byteCount("size_bytes", "size", (double)f->shmSize);
   byteCount("free_bytes", "free", (double)f->shmFree);
@@ -548,16 +572,11 @@ static void printShm(const job_t* job) {
 
 /* /dev/shm of the other nodes: a finding only. */
 static void checkOtherNodesShm(const job_t* job) {
-  char a[32], b[32];
+  char a[32], b[32], list[256];
   for (int r = 1; r < job->nranks; r++) {
     const rankFacts_t* f = &job->all[r];
-    int first = 1, nLocal = 0;
-    for (int q = 0; q < job->nranks; q++) {
-      if (strcmp(job->all[q].host, f->host) != 0) continue;
-      first &= q >= r;
-      nLocal++;
-    }
-    if (!first || strcmp(f->host, job->all[0].host) == 0) continue;
+    if (!firstLike(job, r, sameHost) || sameHost(f, &job->all[0])) continue;
+    int nLocal = ranksLike(job, r, sameHost, list, sizeof(list));
     double need = shmNeed(job, nLocal);
     if (need > (double)f->shmFree)
       warn("/dev/shm on %s has %s free and gcomm may need %s for %d ranks: enlarge it", f->host,
@@ -609,8 +628,10 @@ static void printGpuPair(const job_t* job, int a, int b) {
   number("a", NULL, a, 0, "");
   number("b", NULL, b, 0, "");
   boolean("peer_access", "peer access", ab && ba);
-  if (links > 0)
-    field("link", "link", "NVLink x%d (%.1f GB/s each way a link)", links, perLink);
+  if (links > 0 && isfinite(perLink))
+    field("link", "link", "NVLink x%d (%.2f GB/s each way a link)", links, perLink);
+  else if (links > 0)
+    field("link", "link", "NVLink x%d", links);
   else
     field("link", "link", "%s", links == 0 ? "PCIe" : "unknown (no NVML)");
   number("nvlinks", NULL, links, 0, "");
@@ -857,31 +878,6 @@ static char** gcommEnvironment(void) {
 /* Job: where the ranks are                                                                 */
 /* ======================================================================================== */
 
-/* "0,1,5" for the ranks whose facts match rank r's by same() */
-static int ranksLike(const job_t* job, int r, int (*same)(const rankFacts_t*, const rankFacts_t*),
-                     char* list, size_t len) {
-  int n = 0, used = 0;
-  list[0] = 0;
-  for (int q = 0; q < job->nranks; q++) {
-    if (!same(&job->all[q], &job->all[r])) continue;
-    if (used < (int)len - 16) used += snprintf(list + used, len - used, "%s%d", n ? "," : "", q);
-    n++;
-  }
-  return n;
-}
-static int sameHost(const rankFacts_t* a, const rankFacts_t* b) {
-  return strcmp(a->host, b->host) == 0;
-}
-static int sameGpu(const rankFacts_t* a, const rankFacts_t* b) {
-  return sameHost(a, b) && a->device >= 0 && b->device >= 0 && strcmp(a->pci, b->pci) == 0;
-}
-/* Whether rank r is the first of the ranks like it. */
-static int firstLike(const job_t* job, int r, int (*same)(const rankFacts_t*, const rankFacts_t*)) {
-  for (int q = 0; q < r; q++)
-    if (same(&job->all[q], &job->all[r])) return 0;
-  return 1;
-}
-
 static void printJob(const job_t* job) {
   char list[256];
   beginSection("job", "job");
@@ -1065,6 +1061,16 @@ static double memcpyRate(void) {
   return slowest;
 }
 
+/* Every rank: a communicator only if every rank has one (the self-test calls it on all). */
+static void agreeOnComm(gcommComm_t* comm, char* error, size_t len) {
+  int mine = *comm != NULL, all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (all || !mine) return;
+  gcommCommDestroy(*comm);
+  *comm = NULL;
+  snprintf(error, len, "another rank could not create its communicator (its error is on stderr)");
+}
+
 #ifdef GCOMM_CUDA
 /* Every rank: the GPU communicator, when every rank has a GPU (local rank mod GPU count). */
 static void gpuSetup(job_t* job, rankFacts_t* mine) {
@@ -1084,6 +1090,7 @@ static void gpuSetup(job_t* job, rankFacts_t* mine) {
   job->gpuCommTried = 1;
   if (gcommCommInitMPI(&job->gpuComm, MPI_COMM_WORLD, &config) != gcommSuccess)
     snprintf(job->gpuCommError, sizeof(job->gpuCommError), "%s", gcommGetLastError(NULL));
+  agreeOnComm(&job->gpuComm, job->gpuCommError, sizeof(job->gpuCommError));
 }
 #endif
 
@@ -1103,14 +1110,14 @@ static void runJob(job_t* job) {
   config.commName = "gcomm_info host";
   if (gcommCommInitMPI(&job->hostComm, MPI_COMM_WORLD, &config) != gcommSuccess)
     snprintf(job->hostCommError, sizeof(job->hostCommError), "%s", gcommGetLastError(NULL));
+  agreeOnComm(&job->hostComm, job->hostCommError, sizeof(job->hostCommError));
 #ifdef GCOMM_CUDA
   gpuSetup(job, &mine);
 #endif
   job->all = calloc(job->nranks, sizeof(rankFacts_t));
   MPI_Gather(&mine, sizeof(mine), MPI_BYTE, job->all, sizeof(mine), MPI_BYTE, 0, MPI_COMM_WORLD);
   if (job->nranks < 2) return;
-  int haveHost = job->hostComm != NULL;
-  if (haveHost) {
+  if (job->hostComm != NULL) {
     selfTest(job, job->hostComm, "host", SMALL_BYTES, 50, NULL);
     selfTest(job, job->hostComm, "host", HOST_LARGE_BYTES, 5, NULL);
   }
@@ -1144,13 +1151,14 @@ static double gpuLinkRate(const job_t* job, const char** name) {
       if (sameGpu(&job->all[a], &job->all[b])) return NAN; /* shared: no link between them */
       double perLink = NAN;
       int links = nvlinkCount(job->all[a].pci, job->all[b].pci, &perLink);
-      if (links > 0 && isfinite(perLink) && links * perLink < rate) rate = links * perLink;
-      allNvlink &= links > 0 && isfinite(perLink);
+      if (links > 0 && links * perLink < rate) rate = links * perLink; /* NAN: not taken */
+      allNvlink &= links > 0;
       double p = pcieGBs(job->all[a].pci);
       if (p < pcie) pcie = p;
     }
   *name = allNvlink ? "the NVLink rate" : "the PCIe rate";
-  return allNvlink ? rate : isfinite(pcie) ? pcie : NAN;
+  rate = allNvlink ? rate : pcie;
+  return isfinite(rate) ? rate : NAN;
 #else
   (void)job;
   return NAN;
