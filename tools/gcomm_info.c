@@ -487,8 +487,11 @@ static void printBuild(void) {
   int rt = 0, drv = 0;
   cudaCheck(cudaRuntimeGetVersion(&rt), "cudaRuntimeGetVersion");
   cudaCheck(cudaDriverGetVersion(&drv), "cudaDriverGetVersion");
-  field("cuda", "CUDA", "yes (runtime %d.%d, driver supports %d.%d)", rt / 1000, rt % 1000 / 10,
-        drv / 1000, drv % 1000 / 10);
+  if (drv == 0)
+    field("cuda", "CUDA", "yes (runtime %d.%d), no NVIDIA driver found", rt / 1000, rt % 1000 / 10);
+  else
+    field("cuda", "CUDA", "yes (runtime %d.%d, driver supports %d.%d)", rt / 1000,
+          rt % 1000 / 10, drv / 1000, drv % 1000 / 10);
 #else
   field("cuda", "CUDA", "no (make CUDA=1)");
 #endif
