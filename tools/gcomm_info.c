@@ -15,7 +15,8 @@
  *                beside what the link should give
  *   findings     each one that needs action as a "WARN what: fix" line
  * --json prints the same as one JSON object. The exit status is 1 when a communicator cannot be
- * created or the self-test fails.
+ * created or the self-test fails; every wait of the self-test ends within a minute
+ * (GCOMM_TIMEOUT_MS=60000, unless set).
  *
  * The decisions shown are the library's own, through internal functions (gcommParamParse,
  * gcommShmSegmentBytes, gcommDevicePath, gcommNetCandidates), so this tool cannot drift from them.
