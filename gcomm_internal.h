@@ -382,8 +382,8 @@ typedef struct {
   char prov[32], fabric[64], domain[64];
   int rank;
 } gcommNetCandidate_t;
-int gcommNetCandidates(const gcommParams_t* params, gcommNetCandidate_t* out, int max,
-                       int* chosen, const char** err);
+int gcommNetCandidates(const gcommParams_t* params, gcommNetCandidate_t* out, int max, int* chosen,
+                       const char** err);
 const char* gcommNetRankWhy(int rank);
 /* The failure of conn's network connection (a receive or credit that failed: the peer reset it),
  * or NULL. */

@@ -491,8 +491,8 @@ static void printBuild(void) {
   if (drv == 0)
     field("cuda", "CUDA", "yes (runtime %d.%d), no NVIDIA driver found", rt / 1000, rt % 1000 / 10);
   else
-    field("cuda", "CUDA", "yes (runtime %d.%d, driver supports %d.%d)", rt / 1000,
-          rt % 1000 / 10, drv / 1000, drv % 1000 / 10);
+    field("cuda", "CUDA", "yes (runtime %d.%d, driver supports %d.%d)", rt / 1000, rt % 1000 / 10,
+          drv / 1000, drv % 1000 / 10);
 #else
   field("cuda", "CUDA", "no (make CUDA=1)");
 #endif
@@ -567,11 +567,12 @@ static void printShm(const job_t* job) {
   }
   endSection();
   if (need > (double)f->shmFree)
-    warn("/dev/shm on %s has %s free and gcomm may need %s for %d ranks: enlarge it (mount -o "
-         "remount,size=... /dev/shm; docker run --shm-size=...), or lower GCOMM_BUFFSIZE or "
-         "GCOMM_NCHANNELS",
-         f->host, bytesText((double)f->shmFree, a, sizeof(a)), bytesText(need, b, sizeof(b)),
-         nLocal);
+    warn(
+        "/dev/shm on %s has %s free and gcomm may need %s for %d ranks: enlarge it (mount -o "
+        "remount,size=... /dev/shm; docker run --shm-size=...), or lower GCOMM_BUFFSIZE or "
+        "GCOMM_NCHANNELS",
+        f->host, bytesText((double)f->shmFree, a, sizeof(a)), bytesText(need, b, sizeof(b)),
+        nLocal);
 }
 
 /* /dev/shm of the other nodes: a finding only. */
@@ -613,9 +614,10 @@ static void printGpu(int dev) {
   field("mps", "MPS", "%s", mps < 0 ? "unknown" : mps ? "on" : "off");
   endRow();
   if (mode == 2)
-    warn("GPU %d (%s) is in compute mode prohibited: no process can use it; nvidia-smi -i %d -c "
-         "DEFAULT",
-         dev, pci, dev);
+    warn(
+        "GPU %d (%s) is in compute mode prohibited: no process can use it; nvidia-smi -i %d -c "
+        "DEFAULT",
+        dev, pci, dev);
 }
 
 static void printGpuPair(const job_t* job, int a, int b) {
@@ -647,10 +649,11 @@ static void printGpuPair(const job_t* job, int a, int b) {
   }
   endRow();
   if (!(ab && ba))
-    warn("GPUs %d and %d cannot access each other as peers: a communicator on both stages every "
-         "FIFO through host memory (slower); check the topology (nvidia-smi topo -m) and IOMMU/ACS "
-         "settings",
-         a, b);
+    warn(
+        "GPUs %d and %d cannot access each other as peers: a communicator on both stages every "
+        "FIFO through host memory (slower); check the topology (nvidia-smi topo -m) and IOMMU/ACS "
+        "settings",
+        a, b);
 }
 
 static void printGpus(const job_t* job) {
@@ -729,9 +732,9 @@ static void printNetwork(const job_t* job) {
   int chosen = -1;
   const char* err = NULL;
   beginSection("network", "network (libfabric)");
-  int n = job->hostComm ? gcommNetCandidates(&job->hostComm->params, c, MAX_CANDIDATES, &chosen,
-                                             &err)
-                        : -1;
+  int n = job->hostComm
+              ? gcommNetCandidates(&job->hostComm->params, c, MAX_CANDIDATES, &chosen, &err)
+              : -1;
   if (n < 0) {
     field("error", "fi_getinfo", "%s", err ? err : "no communicator (see the findings)");
     n = 0;
@@ -756,8 +759,9 @@ static void printNetwork(const job_t* job) {
   } else {
     field("chosen", "gcomm takes", "none");
     if (spansNodes(job))
-      warn("no usable libfabric provider and the ranks span nodes: set GCOMM_OFI_PROVIDER (fi_info "
-           "-t FI_EP_RDM lists the providers)");
+      warn(
+          "no usable libfabric provider and the ranks span nodes: set GCOMM_OFI_PROVIDER (fi_info "
+          "-t FI_EP_RDM lists the providers)");
   }
   endSection();
 }
@@ -849,9 +853,10 @@ static void printVariable(const char* name, const char* value) {
   field("status", "", "unknown");
   if (near != NULL) field("suggestion", "did you mean", "%s", near);
   endRow();
-  warn("%s is set but gcomm does not know it (a typo, or a variable of a build with other "
-       "options)%s%s",
-       name, near ? ": did you mean " : ": unset it", near ? near : "");
+  warn(
+      "%s is set but gcomm does not know it (a typo, or a variable of a build with other "
+      "options)%s%s",
+      name, near ? ": did you mean " : ": unset it", near ? near : "");
 }
 
 static void printEnvironment(const job_t* job) {
@@ -912,9 +917,10 @@ static void printJob(const job_t* job) {
     field("mps", "MPS", "%s", f->mps < 0 ? "unknown" : f->mps ? "on" : "off");
     endRow();
     if (n > 1 && f->mps == 0)
-      warn("ranks %s share GPU %d (%s) on %s and MPS is off: operations will take a GPU time "
-           "slice each; start nvidia-cuda-mps-control -d",
-           list, f->device, f->pci, f->host);
+      warn(
+          "ranks %s share GPU %d (%s) on %s and MPS is off: operations will take a GPU time "
+          "slice each; start nvidia-cuda-mps-control -d",
+          list, f->device, f->pci, f->host);
   }
   endList();
   endSection();
@@ -1221,9 +1227,10 @@ static int printSelfTest(const job_t* job) {
          job->gpuCommError);
   for (int i = 0; i < job->nTests; i++)
     if (!job->tests[i].ok)
-      warn("the %s all-reduce of %zu bytes failed (%s): run again with GCOMM_DEBUG=INFO and read "
-           "the log",
-           job->tests[i].what, job->tests[i].bytes, job->tests[i].error);
+      warn(
+          "the %s all-reduce of %zu bytes failed (%s): run again with GCOMM_DEBUG=INFO and read "
+          "the log",
+          job->tests[i].what, job->tests[i].bytes, job->tests[i].error);
   return failed;
 }
 
@@ -1255,9 +1262,10 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--json") == 0) {
       out.json = 1;
     } else {
-      printf("usage: [mpiexec -n N] %s [--json]\n"
-             "Says whether this machine is set up for gcomm; see tools/gcomm_info.c.\n",
-             argv[0]);
+      printf(
+          "usage: [mpiexec -n N] %s [--json]\n"
+          "Says whether this machine is set up for gcomm; see tools/gcomm_info.c.\n",
+          argv[0]);
       return strcmp(argv[i], "--help") == 0 ? 0 : 2;
     }
   }

@@ -436,8 +436,8 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   return gcommSuccess;
 }
 
-int gcommNetCandidates(const gcommParams_t* params, gcommNetCandidate_t* out, int max,
-                       int* chosen, const char** err) {
+int gcommNetCandidates(const gcommParams_t* params, gcommNetCandidate_t* out, int max, int* chosen,
+                       const char** err) {
   struct fi_info* list = NULL;
   *chosen = -1;
   int rc = providerList(params->ofiProvider, &list);

@@ -145,8 +145,9 @@ int gcommDevicePath(const gcommParams_t* params, int a, int b, const char** why)
     return -1;
   }
   if (!can) {
-    *why = "the GPUs cannot access each other as peers: FIFOs in pinned shared host memory, for "
-           "every pair of the communicator";
+    *why =
+        "the GPUs cannot access each other as peers: FIFOs in pinned shared host memory, for "
+        "every pair of the communicator";
     return GCOMM_PATH_NO_PEER;
   }
   if (params->p2pDisable) {
