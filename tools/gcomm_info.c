@@ -1013,7 +1013,21 @@ static void buffersFree(buffers_t* b) {
   free(b->host);
 }
 
-/* Every rank: one checked all-reduce of bytes, then iters timed; the result agreed by all. */
+/* Every rank: t from every rank's ok and time; the first failing rank's message goes to all. */
+static void agreeOnTest(job_t* job, testResult_t* t, int ok, double us) {
+  int firstBad = ok ? job->nranks : job->rank;
+  MPI_Allreduce(&ok, &t->ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &firstBad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&us, &t->us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (firstBad == job->nranks) return;
+  char msg[sizeof(t->error)];
+  MPI_Bcast(t->error, sizeof(t->error), MPI_CHAR, firstBad, MPI_COMM_WORLD);
+  snprintf(msg, sizeof(msg), "rank %d: %.480s", firstBad, t->error);
+  memcpy(t->error, msg, sizeof(msg));
+}
+
+/* Every rank: one checked all-reduce of bytes, then, when every rank got the right sums, iters
+ * timed. */
 static void selfTest(job_t* job, gcommComm_t comm, const char* what, size_t bytes, int iters,
                      void* stream) {
   testResult_t* t = &job->tests[job->nTests++];
@@ -1022,27 +1036,20 @@ static void selfTest(job_t* job, gcommComm_t comm, const char* what, size_t byte
   size_t n = bytes / sizeof(float);
   buffers_t b;
   gcommResult_t res = gcommSystemError;
-  int ok = buffersMake(&b, bytes, stream != NULL, job->rank);
-  if (ok) res = allReduce(comm, b.send, b.recv, n, stream);
+  int made = buffersMake(&b, bytes, stream != NULL, job->rank), allOk = 0;
+  if (made) res = allReduce(comm, b.send, b.recv, n, stream);
   const float* got = res == gcommSuccess ? buffersResult(&b, bytes) : NULL;
-  ok = got != NULL && sumIsRight(got, n, job->nranks);
-  double us = ok ? timeAllReduce(comm, b.send, b.recv, n, stream, iters, &res) : INFINITY;
+  int ok = got != NULL && sumIsRight(got, n, job->nranks);
+  MPI_Allreduce(&ok, &allOk, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD); /* all time, or none */
+  double us = allOk ? timeAllReduce(comm, b.send, b.recv, n, stream, iters, &res) : INFINITY;
   ok &= res == gcommSuccess;
   if (!ok)
     snprintf(t->error, sizeof(t->error), "%s",
-             res != gcommSuccess ? gcommGetLastError(comm) : "wrong sums (or no buffers)");
+             !made                 ? "could not allocate and fill the buffers"
+             : res != gcommSuccess ? gcommGetLastError(comm)
+                                   : "wrong sums");
   buffersFree(&b);
-  /* all ranks agree: the first failing rank's message goes to everyone */
-  int firstBad = ok ? job->nranks : job->rank;
-  MPI_Allreduce(&ok, &t->ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, &firstBad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&us, &t->us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  if (firstBad < job->nranks) {
-    char msg[sizeof(t->error)];
-    MPI_Bcast(t->error, sizeof(t->error), MPI_CHAR, firstBad, MPI_COMM_WORLD);
-    snprintf(msg, sizeof(msg), "rank %d: %s", firstBad, t->error);
-    memcpy(t->error, msg, sizeof(msg));
-  }
+  agreeOnTest(job, t, ok, us);
 }
 
 #define SMALL_BYTES 256
@@ -1102,6 +1109,19 @@ static void gpuSetup(job_t* job, rankFacts_t* mine) {
     snprintf(job->gpuCommError, sizeof(job->gpuCommError), "%s", gcommGetLastError(NULL));
   agreeOnComm(&job->gpuComm, job->gpuCommError, sizeof(job->gpuCommError));
 }
+/* Every rank: the GPU communicator's all-reduces, on a stream of their own. */
+static void gpuSelfTest(job_t* job) {
+  cudaStream_t stream = NULL;
+  int mine = job->gpuComm != NULL &&
+             cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStream"),
+      all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (all) {
+    selfTest(job, job->gpuComm, "GPU", SMALL_BYTES, 50, stream);
+    selfTest(job, job->gpuComm, "GPU", GPU_LARGE_BYTES, 10, stream);
+  }
+  if (mine) cudaStreamDestroy(stream);
+}
 #endif
 
 /* Every rank: the communicators, the facts, the self-test. */
@@ -1133,13 +1153,7 @@ static void runJob(job_t* job) {
   }
   job->memcpyGBs = memcpyRate();
 #ifdef GCOMM_CUDA
-  cudaStream_t stream = NULL;
-  if (job->gpuComm != NULL &&
-      cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate")) {
-    selfTest(job, job->gpuComm, "GPU", SMALL_BYTES, 50, stream);
-    selfTest(job, job->gpuComm, "GPU", GPU_LARGE_BYTES, 10, stream);
-    cudaStreamDestroy(stream);
-  }
+  gpuSelfTest(job);
 #endif
 }
 
