@@ -240,3 +240,8 @@ help:
 	@echo "  SAN=1 (ASan+UBSan), SAN=thread (TSan)   OPT=$(OPT)"
 
 .PHONY: install test-install help
+
+# gcomm_info: whether this machine is set up for gcomm, and why not (tools/gcomm_info.c)
+all: $(BUILD)/gcomm_info
+$(BUILD)/gcomm_info: tools/gcomm_info.c $(BUILD)/libgcomm.a $(LIB_HDR) $(CONFIG)
+	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)

@@ -247,6 +247,51 @@ static void logInit(void) {
   if (logFile == NULL) logFile = stderr;
 }
 
+/* ---- The params table as gcomm_info (tools/gcomm_info.c) reads it ---- */
+
+int gcommParamInfo(int i, gcommParamInfo_t* info) {
+  if (i < 0 || i >= NPARAMS) return -1;
+  info->name = paramTable[i].name;
+  info->defaultValue = paramTable[i].defaultValue;
+  info->doc = paramTable[i].doc;
+  return 0;
+}
+
+/* The logging knobs, read once by logInit: what it makes of text. */
+static int logKnobParse(const gcommParamDef_t* d, const char* text, char* out, size_t len) {
+  if (strcmp(d->name, "GCOMM_DEBUG") == 0) {
+    int level = parseEnum(text, logLevels);
+    if (level < 0) return -1;
+    snprintf(out, len, "%s", logLevels[level]);
+  } else if (strcmp(d->name, "GCOMM_DEBUG_SUBSYS") == 0) {
+    snprintf(out, len, "mask 0x%x", (unsigned)parseSubsys(text));
+  } else {
+    pthread_once(&logOnce, logInit); /* the host name */
+    expandPath(text, out, len);
+  }
+  return 0;
+}
+
+int gcommParamParse(int i, const char* text, char* out, size_t len) {
+  if (i < 0 || i >= NPARAMS || len == 0) return -1;
+  const gcommParamDef_t* d = &paramTable[i];
+  if (d->kind == PARAM_LOG) return logKnobParse(d, text, out, len);
+  gcommParams_t p;
+  memset(&p, 0, sizeof(p));
+  if (paramSet(&p, d, text) != 0) return -1;
+  const char* field = (const char*)&p + d->offset;
+  if (d->kind == PARAM_ENUM) {
+    int v = *(const int*)field;
+    snprintf(out, len, "%s", v < 0 ? "(the cost model's)" : d->choices[v]);
+  } else if (d->kind == PARAM_STR) {
+    snprintf(out, len, "%s", text[0] ? text : "(unset)");
+  } else {
+    long long v = d->offset == PARAM_AT(nChannels) ? *(const int*)field : *(const int64_t*)field;
+    snprintf(out, len, "%lld", v);
+  }
+  return 0;
+}
+
 int gcommLogEnabled(int level, int subsys) {
   pthread_once(&logOnce, logInit);
   return level <= logLevel && (subsys & logSubsys);

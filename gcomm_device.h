@@ -137,6 +137,15 @@ gcommResult_t gcommDeviceSelect(gcommComm_t comm, const gcommConfig_t* config);
  * host memory when any rank sets GCOMM_P2P_DISABLE=1 or has a GPU of its node it cannot access as
  * a peer. *shmBytes: what gcommShmCreate must reserve for the region (0: GPU memory). */
 gcommResult_t gcommDevicePlaceFifos(gcommComm_t comm, uint64_t hostId, size_t* shmBytes);
+/* How the FIFOs between ranks on GPUs a and b of one node go, as gcommDevicePlaceFifos and the
+ * copy-engine setup decide it with these parameters: a GCOMM_PATH_*, *why saying why (static
+ * text), or -1 when CUDA cannot tell (*why: its error). A pair without peer access stages the
+ * whole communicator. gcommDevicePathName: "CUDA IPC", "copy engines", "staged". */
+enum { GCOMM_PATH_IPC, GCOMM_PATH_COPY_ENGINES, GCOMM_PATH_STAGED, GCOMM_PATH_NO_PEER };
+int gcommDevicePath(const gcommParams_t* params, int a, int b, const char** why);
+const char* gcommDevicePathName(int path);
+/* The bytes of comm's FIFO region in its /dev/shm segment: 0 unless staged. */
+size_t gcommDeviceShmBytes(gcommComm_t comm);
 /* Allocates (or registers) this rank's region; exports it into card->devHandle (IPC). */
 gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card);
 /* Opens every local peer's region and builds the device connections (after the card exchange). */

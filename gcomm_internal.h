@@ -89,6 +89,15 @@ typedef struct {
   const char* profilerPlugin;
 } gcommParams_t;
 
+/* The params table as gcomm_info (tools/gcomm_info.c) reads it: entry i, 0 (-1 past the end);
+ * and text parsed as entry i's value the way gcomm reads it: 0 with the value taken in out (e.g.
+ * "4194304" for 4M), or -1 when gcomm refuses it (and keeps the default, with a warning). */
+typedef struct {
+  const char *name, *defaultValue, *doc;
+} gcommParamInfo_t;
+int gcommParamInfo(int i, gcommParamInfo_t* info);
+int gcommParamParse(int i, const char* text, char* out, size_t len);
+
 #define GCOMM_NET_GDR_OFF 0 /* the indices of GCOMM_NET_GDR's choices in gcomm.c */
 #define GCOMM_NET_GDR_ON 1
 #define GCOMM_NET_GDR_AUTO 2
@@ -307,6 +316,10 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaByt
  * (the caller's barrier), gcommShmUnlink removes the names so nothing outlives the processes. */
 gcommResult_t gcommShmConnect(gcommComm_t comm);
 void gcommShmUnlink(gcommComm_t comm);
+/* The bytes of one rank's segment: the FIFOs of nLocal senders on nLanes lanes of slotBytes
+ * slots, an area of areaBytes, the status page. FIFO pages take /dev/shm space as they are first
+ * used, the area at creation. */
+size_t gcommShmSegmentBytes(size_t slotBytes, int nLanes, int nLocal, size_t areaBytes);
 /* The area reserved in rank's segment, as mapped in this process (after gcommShmConnect for
  * another rank), or NULL: none reserved, rank not on this node or not mapped. */
 void* gcommShmArea(gcommComm_t comm, int rank);
@@ -361,6 +374,17 @@ char* gcommNetDirectTarget(gcommComm_t comm, gcommConn_t* c, uint64_t s, size_t*
 /* Whether filled slots are not all sent, or (withCredits) credits owed to peers not all told (0
  * once the comm failed): the engine keeps running for them after every operation has finished. */
 int gcommNetSendsPending(gcommComm_t comm, int withCredits);
+/* gcomm_info (tools/gcomm_info.c): the tagged reliable-datagram providers fi_getinfo offers with
+ * gcomm's hints and these parameters (GCOMM_OFI_PROVIDER, GCOMM_OFI_IFACE), up to max of them,
+ * each with its rank in the choice (gcommNetRankWhy says what it means); *chosen: the index of the
+ * one a communicator would open, or -1. Returns how many, or -1 with *err when fi_getinfo fails. */
+typedef struct {
+  char prov[32], fabric[64], domain[64];
+  int rank;
+} gcommNetCandidate_t;
+int gcommNetCandidates(const gcommParams_t* params, gcommNetCandidate_t* out, int max, int* chosen,
+                       const char** err);
+const char* gcommNetRankWhy(int rank);
 /* The failure of conn's network connection (a receive or credit that failed: the peer reset it),
  * or NULL. */
 void gcommNetFree(gcommComm_t comm);

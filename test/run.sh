@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# test/run.sh - runs every test program under $MPIEXEC -n N for several N (`make test` calls it).
+# test/run.sh - runs every test program under $MPIEXEC -n N for several N (`make test` calls it),
+# then the test scripts that start their own jobs (test_info.sh) once each.
 #
 # Each program prints "PASS what" / "FAIL what: why" lines (rank 0); this script counts them. A run
 # that exits non-zero (a crash, a sanitizer report, a leak), hangs past its timeout, or prints no
@@ -65,6 +66,43 @@ show_failure() {
   tail -n 10 "$out" | sed 's/^/      | /'
 }
 
+# runCounted LABEL LOGNAME COMMAND...: runs one command under the timeout, counts its PASS/FAIL
+# lines and prints one line for it (with its log's tail when something failed).
+runCounted() {
+  local label=$1 out="$logs/$2.out" err="$logs/$2.err"
+  shift 2
+  t0=$(date +%s.%N)
+  # Only stdout is counted (rank 0 prints the checks there); stderr (warnings, sanitizer
+  # reports) goes to its own file, so it cannot split a PASS/FAIL line.
+  if [ "${TEST_VERBOSE:-0}" = 1 ]; then
+    timeout -k 10 "$TIMEOUT" "$@" 2> >(tee "$err" >&2) | tee "$out"
+  else
+    timeout -k 10 "$TIMEOUT" "$@" >"$out" 2>"$err"
+  fi
+  rc=${PIPESTATUS[0]}
+  t1=$(date +%s.%N)
+  p=$(grep -c '^PASS ' "$out")
+  f=$(grep -c '^FAIL ' "$out")
+  why=""
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    why="timed out after ${TIMEOUT} s (a hang?)"
+  elif [ "$rc" != 0 ]; then
+    why="exited with status $rc"
+  elif [ "$p" = 0 ]; then
+    why="ran no check"
+  fi
+  [ -z "$why" ] || f=$((f + 1))
+  passed=$((passed + p))
+  failed=$((failed + f))
+  secs=$(awk -v t0="$t0" -v t1="$t1" 'BEGIN { printf "%.1f", t1 - t0 }')
+  if [ "$f" = 0 ]; then
+    printf 'PASS  %-22s %6d check%s  %7s s\n' "$label" "$p" "$([ "$p" = 1 ] || echo s)" "$secs"
+  else
+    printf 'FAIL  %-22s %6d passed, %d failed%s  %s s\n' "$label" "$p" "$f" "${why:+ ($why)}" "$secs"
+    show_failure "$out" "$err"
+  fi
+}
+
 start_all=$(date +%s)
 for prog in "${tests[@]}"; do
   [ -f "$prog" ] && [ -x "$prog" ] || continue # (a CUDA build also has test/gpu/)
@@ -72,42 +110,14 @@ for prog in "${tests[@]}"; do
   if [ -n "${TEST_ONLY:-}" ] && ! [[ $name =~ $TEST_ONLY ]]; then continue; fi
   for n in $NPS; do
     [ "$n" -ge "$(min_ranks "$name")" ] || continue
-    out="$logs/$name-n$n.out"
-    err="$logs/$name-n$n.err"
-    t0=$(date +%s.%N)
-    # Only stdout is counted (rank 0 prints the checks there); stderr (warnings, sanitizer
-    # reports) goes to its own file, so it cannot split a PASS/FAIL line.
-    if [ "${TEST_VERBOSE:-0}" = 1 ]; then
-      timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n" "$prog" \
-        2> >(tee "$err" >&2) | tee "$out"
-    else
-      timeout -k 10 "$TIMEOUT" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n" "$prog" >"$out" 2>"$err"
-    fi
-    rc=${PIPESTATUS[0]}
-    t1=$(date +%s.%N)
-    p=$(grep -c '^PASS ' "$out")
-    f=$(grep -c '^FAIL ' "$out")
-    why=""
-    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-      why="timed out after ${TIMEOUT} s (a hang?)"
-    elif [ "$rc" != 0 ]; then
-      why="exited with status $rc"
-    elif [ "$p" = 0 ]; then
-      why="ran no check"
-    fi
-    [ -z "$why" ] || f=$((f + 1))
-    passed=$((passed + p))
-    failed=$((failed + f))
-    secs=$(awk -v t0="$t0" -v t1="$t1" 'BEGIN { printf "%.1f", t1 - t0 }')
-    if [ "$f" = 0 ]; then
-      printf 'PASS  %-16s -n %-2s %6d check%s  %7s s\n' "$name" "$n" "$p" \
-        "$([ "$p" = 1 ] || echo s)" "$secs"
-    else
-      printf 'FAIL  %-16s -n %-2s %6d passed, %d failed%s  %s s\n' "$name" "$n" "$p" "$f" \
-        "${why:+ ($why)}" "$secs"
-      show_failure "$out" "$err"
-    fi
+    runCounted "$name -n $n" "$name-n$n" "$MPIEXEC" "${mpiexec_flags[@]}" -n "$n" "$prog"
   done
+done
+# Scripts that start their own jobs (each with the rank counts it needs): run once each.
+for script in test_info.sh; do
+  name=${script%.sh}
+  if [ -n "${TEST_ONLY:-}" ] && ! [[ $name =~ $TEST_ONLY ]]; then continue; fi
+  runCounted "$name" "$name" env BUILD="$BUILD" MPIEXEC="$MPIEXEC" bash "$here/$script"
 done
 echo "== all tests: $(($(date +%s) - start_all)) s"
 [ "$failed" = 0 ] || echo "== logs of every run: $logs"

@@ -199,6 +199,38 @@ static int provRank(const char* name) {
   return 3;
 }
 
+/* An entry's rank for the choice: provRank's, 4 when GCOMM_OFI_PROVIDER named it (fi_getinfo
+ * matched the name), -2 when GCOMM_OFI_IFACE leaves its domain out. */
+static int candidateRank(const struct fi_info* i, const char* prov, const char* iface) {
+  if (iface != NULL && (i->domain_attr->name == NULL || strcmp(i->domain_attr->name, iface) != 0))
+    return -2;
+  return prov != NULL ? 4 : provRank(i->fabric_attr->prov_name);
+}
+
+const char* gcommNetRankWhy(int rank) {
+  static const char* const why[] = {
+      "not the domain GCOMM_OFI_IFACE names",
+      "stays on this machine, or a utility layer: never chosen by itself (GCOMM_OFI_PROVIDER "
+      "names it)",
+      "sockets: the last resort",
+      "TCP under the rxm layer: its extra signalling doubles a small operation's cost",
+      "TCP speaking reliable datagrams itself",
+      "neither TCP nor sockets (RDMA or a vendor's network): first choice",
+      "named by GCOMM_OFI_PROVIDER"};
+  return rank >= -2 && rank <= 4 ? why[rank + 2] : "unknown";
+}
+
+/* The first entry of the highest rank, or NULL when none may be chosen (ranks below 0). */
+static struct fi_info* chooseProvider(struct fi_info* list, const char* prov, const char* iface) {
+  struct fi_info* best = NULL;
+  int bestRank = -1;
+  for (struct fi_info* i = list; i != NULL; i = i->next) {
+    int r = candidateRank(i, prov, iface);
+    if (r > bestRank) best = i, bestRank = r;
+  }
+  return best;
+}
+
 #define OFI_CHECK(call)                                                             \
   do {                                                                              \
     int e_ = (call);                                                                \
@@ -320,28 +352,27 @@ int gcommNetDeviceMemory(gcommComm_t comm, const char** why) {
 }
 #endif
 
+/* fi_getinfo with the hints for prov (NULL: any): 0 or a negative fi_errno. */
+static int providerList(const char* prov, struct fi_info** list) {
+  struct fi_info* hints = makeHints(prov, NULL, 0);
+  if (hints == NULL) return -FI_ENOMEM;
+  int err = fi_getinfo(NET_FI_VERSION, NULL, NULL, 0, hints, list);
+  fi_freeinfo(hints);
+  return err;
+}
+
 static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   const char* prov = comm->params.ofiProvider;
   const char* iface = comm->params.ofiIface;
-  struct fi_info* hints = makeHints(prov, NULL, 0);
   struct fi_info* list = NULL;
-  if (hints == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_allocinfo failed");
-  int err = fi_getinfo(NET_FI_VERSION, NULL, NULL, 0, hints, &list);
-  fi_freeinfo(hints);
+  int err = providerList(prov, &list);
   if (err != 0)
     return GCOMM_ERROR(comm, gcommSystemError, -1,
                        "fi_getinfo found no tagged reliable-datagram provider%s%s: %s "
                        "(fi_info -t FI_EP_RDM lists them; GCOMM_OFI_PROVIDER chooses)",
                        prov ? " named " : "", prov ? prov : "", fi_strerror(-err));
-  struct fi_info* best = NULL;
-  int bestRank = -2;
-  for (struct fi_info* i = list; i != NULL; i = i->next) {
-    if (iface != NULL && (i->domain_attr->name == NULL || strcmp(i->domain_attr->name, iface) != 0))
-      continue;
-    int r = prov != NULL ? 4 : provRank(i->fabric_attr->prov_name);
-    if (r > bestRank) best = i, bestRank = r;
-  }
-  if (best == NULL || bestRank < 0) {
+  struct fi_info* best = chooseProvider(list, prov, iface);
+  if (best == NULL) {
     fi_freeinfo(list);
     return GCOMM_ERROR(comm, gcommSystemError, -1,
                        "no usable libfabric provider%s%s (set GCOMM_OFI_PROVIDER, e.g. tcp)",
@@ -403,6 +434,29 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
                        "(FI_MR_LOCAL): credits cannot go",
                        net->info->fabric_attr->prov_name, sizeof(uint64_t));
   return gcommSuccess;
+}
+
+int gcommNetCandidates(const gcommParams_t* params, gcommNetCandidate_t* out, int max, int* chosen,
+                       const char** err) {
+  struct fi_info* list = NULL;
+  *chosen = -1;
+  int rc = providerList(params->ofiProvider, &list);
+  if (rc != 0) {
+    *err = fi_strerror(-rc);
+    return -1;
+  }
+  struct fi_info* best = chooseProvider(list, params->ofiProvider, params->ofiIface);
+  int n = 0;
+  for (struct fi_info* i = list; i != NULL && n < max; i = i->next, n++) {
+    snprintf(out[n].prov, sizeof(out[n].prov), "%s", i->fabric_attr->prov_name);
+    snprintf(out[n].fabric, sizeof(out[n].fabric), "%s", i->fabric_attr->name);
+    snprintf(out[n].domain, sizeof(out[n].domain), "%s",
+             i->domain_attr->name ? i->domain_attr->name : "");
+    out[n].rank = candidateRank(i, params->ofiProvider, params->ofiIface);
+    if (i == best) *chosen = n;
+  }
+  fi_freeinfo(list);
+  return n;
 }
 
 /* Registers [buf, buf+len) for sends and receives as the provider's mr_mode asks: host memory

@@ -131,6 +131,42 @@ gcommResult_t gcommDeviceSelect(gcommComm_t comm, const gcommConfig_t* config) {
 #define RESTORE_DEVICE(comm, old) \
   if (old >= 0 && old != (comm)->device) cudaSetDevice(old)
 
+const char* gcommDevicePathName(int path) {
+  static const char* const names[] = {"CUDA IPC", "copy engines", "staged", "staged"};
+  return path >= 0 && path <= GCOMM_PATH_NO_PEER ? names[path] : "unknown";
+}
+
+int gcommDevicePath(const gcommParams_t* params, int a, int b, const char** why) {
+  int can = 1;
+  cudaError_t e = a == b ? cudaSuccess : cudaDeviceCanAccessPeer(&can, a, b);
+  if (e != cudaSuccess) {
+    *why = cudaGetErrorString(e);
+    cudaGetLastError();
+    return -1;
+  }
+  if (!can) {
+    *why =
+        "the GPUs cannot access each other as peers: FIFOs in pinned shared host memory, for "
+        "every pair of the communicator";
+    return GCOMM_PATH_NO_PEER;
+  }
+  if (params->p2pDisable) {
+    *why = "GCOMM_P2P_DISABLE=1: FIFOs in pinned shared host memory";
+    return GCOMM_PATH_STAGED;
+  }
+  if (params->p2pMemcpy) {
+    *why = "GCOMM_P2P_USE_CUDA_MEMCPY=1: the progress thread copies the kernels' staging FIFOs";
+    return GCOMM_PATH_COPY_ENGINES;
+  }
+  *why = a == b ? "one GPU: FIFOs in its memory, shared through IPC"
+                : "peer access: FIFOs in the receiver's GPU memory, written over NVLink or PCIe";
+  return GCOMM_PATH_IPC;
+}
+
+size_t gcommDeviceShmBytes(gcommComm_t comm) {
+  return comm->dev != NULL && comm->dev->staged ? comm->dev->regionBytes : 0;
+}
+
 /* Whether this rank's GPU lacks peer access to the GPU of a local rank: that rank, or -1 (an
  * error: -2). all[r]: rank r's node and device. */
 typedef struct {
@@ -142,14 +178,14 @@ static int peerWithoutAccess(gcommComm_t comm, const placeCard_t* all) {
     if (all[p].hostId != all[comm->rank].hostId || all[p].device < 0 ||
         all[p].device == comm->device)
       continue; /* another node, a host communicator (refused at connect), or the same GPU */
-    int can = 0;
-    cudaError_t e = cudaDeviceCanAccessPeer(&can, comm->device, all[p].device);
-    if (e != cudaSuccess) {
+    const char* why = NULL;
+    int path = gcommDevicePath(&comm->params, comm->device, all[p].device, &why);
+    if (path < 0) {
       GCOMM_ERROR(comm, gcommDeviceError, p, "cudaDeviceCanAccessPeer(GPU %d, GPU %d): %s",
-                  comm->device, all[p].device, cudaGetErrorString(e));
+                  comm->device, all[p].device, why);
       return -2;
     }
-    if (!can) return p;
+    if (path == GCOMM_PATH_NO_PEER) return p;
   }
   return -1;
 }

@@ -34,9 +34,14 @@ struct gcommShm {
 #define STATUS_BYTES 4096 /* the segment's last page: gcommStatus_t */
 _Static_assert(sizeof(gcommStatus_t) <= STATUS_BYTES, "gcommStatus_t fits its page");
 
-static size_t fifoBytes(gcommComm_t comm) {
-  size_t b = sizeof(gcommFifo_t) + GCOMM_STEPS * comm->slotBytes;
+static size_t fifoBytes(size_t slotBytes) {
+  size_t b = sizeof(gcommFifo_t) + GCOMM_STEPS * slotBytes;
   return (b + 4095) & ~(size_t)4095;
+}
+
+size_t gcommShmSegmentBytes(size_t slotBytes, int nLanes, int nLocal, size_t areaBytes) {
+  return fifoBytes(slotBytes) * nLanes * nLocal + ((areaBytes + 4095) & ~(size_t)4095) +
+         STATUS_BYTES;
 }
 
 gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaBytes) {
@@ -46,10 +51,10 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaByt
   comm->shm = shm;
   shm->maps = calloc(comm->nranks, sizeof(void*));
   if (shm->maps == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  shm->fifoBytes = fifoBytes(comm);
+  shm->fifoBytes = fifoBytes(comm->slotBytes);
   shm->areaOff = shm->fifoBytes * comm->nLanes * comm->nLocal; /* page-aligned: so is fifoBytes */
   shm->areaBytes = (areaBytes + 4095) & ~(size_t)4095;
-  shm->segBytes = shm->areaOff + shm->areaBytes + STATUS_BYTES;
+  shm->segBytes = gcommShmSegmentBytes(comm->slotBytes, comm->nLanes, comm->nLocal, areaBytes);
   /* pid, a counter and the clock: a segment left by a dead process that had this pid (killed
    * between create and unlink; pids wrap) cannot collide with this one (CI met one such) */
   struct timespec now;

@@ -4,7 +4,8 @@
  * It includes gcomm.c to reach the static parsers. The first byte of an input picks:
  *   0  the text (the rest of the input) as the value of every GCOMM_* variable of paramTable, and
  *      of the logging knobs (GCOMM_DEBUG, GCOMM_DEBUG_SUBSYS, GCOMM_DEBUG_FILE's expansion): a
- *      value accepted must be within the table's range;
+ *      value accepted must be within the table's range, and gcommParamParse (gcomm_info's view)
+ *      must accept exactly what the table does;
  *   1  one data call (any function, count, datatype, op, root, peer, stream, buffers: NULL, valid,
  *      overlapping, in place) on a one-rank poll communicator, inside a group or not: it must
  *      succeed or return gcommInvalidArgument/gcommInvalidUsage with a message and without
@@ -61,6 +62,15 @@ static void fuzzParams(const uint8_t* d, size_t size) {
     }
     if (def->kind == PARAM_ENUM)
       expect(*(const int*)field >= -1 && *(const int*)field < 8, "an enum value is a choice");
+  }
+  for (int i = 0; i < NPARAMS; i++) { /* gcomm_info's view: the same verdict, a bounded text */
+    char shown[64];
+    int taken = gcommParamParse(i, text, shown, sizeof(shown)) == 0;
+    gcommParams_t p;
+    memset(&p, 0, sizeof(p));
+    if (paramTable[i].kind != PARAM_LOG)
+      expect(taken == (paramSet(&p, &paramTable[i], text) == 0), "gcommParamParse agrees");
+    expect(!taken || strlen(shown) < sizeof(shown), "gcommParamParse's text fits");
   }
   int64_t v;
   parseInt(text, &v);
