@@ -127,6 +127,20 @@ $(BUILD)/test/%: test/%.f90 $(FLIB) $(BUILD)/libgcomm.a $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPIFC) $(FFLAGS) -o $@ $< $(LDFLAGS) $(FLIB) $(BUILD)/libgcomm.a $(LDLIBS)
 
+# heat2d (and its test) with, in a CUDA build, its GPU half
+ifeq ($(CUDA),1)
+HEAT_GPU = $(BUILD)/obj/examples/heat2d_gpu.o
+endif
+$(BUILD)/obj/examples/heat2d_gpu.o: examples/heat2d_gpu.cu examples/heat2d.h $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DGCOMM_CUDA -c $< -o $@
+$(BUILD)/heat2d: examples/heat2d.c examples/heat2d.h $(HEAT_GPU) $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
+	$(MPICC) $(CFLAGS) -o $@ $< $(HEAT_GPU) $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
+$(BUILD)/test/test_heat2d: test/test_heat2d.c examples/heat2d.c examples/heat2d.h $(HEAT_GPU) \
+                           $(BUILD)/libgcomm.a gcomm.h $(wildcard test/*.h) $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -o $@ $< $(HEAT_GPU) $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
+
 $(BUILD)/gcomm_perf: examples/gcomm_perf.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
 $(BUILD)/%: examples/%.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
