@@ -27,7 +27,7 @@ CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=thread
 endif
 
-LIB_SRC  = gcomm.c transports/shm.c
+LIB_SRC  = gcomm.c gcomm_vcoll.c transports/shm.c
 LIB_HDR  = gcomm.h gcomm_profiler.h gcomm_internal.h gcomm_sched.h gcomm_reduce.h gcomm_device.h gcomm_gpu.h
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 

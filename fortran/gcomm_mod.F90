@@ -237,6 +237,54 @@ module gcomm
       type(c_ptr), value :: comm, stream
     end function gcommScatter
 
+    ! ---- Vector collectives (counts and zero-based displacements in elements) ----
+    integer(c_int) function gcommAllGatherV(sendbuff, sendcount, recvbuff, recvcounts, displs, &
+                                            datatype, comm, stream) bind(c, name='gcommAllGatherV')
+      import :: c_int, c_ptr, c_size_t
+      type(c_ptr), value :: sendbuff
+      integer(c_size_t), value :: sendcount
+      type(c_ptr), value :: recvbuff
+      integer(c_size_t), intent(in) :: recvcounts(*), displs(*)
+      integer(c_int), value :: datatype
+      type(c_ptr), value :: comm, stream
+    end function gcommAllGatherV
+
+    integer(c_int) function gcommAllToAllV(sendbuff, sendcounts, sdispls, recvbuff, recvcounts, &
+                                           rdispls, datatype, comm, stream) &
+        bind(c, name='gcommAllToAllV')
+      import :: c_int, c_ptr, c_size_t
+      type(c_ptr), value :: sendbuff
+      integer(c_size_t), intent(in) :: sendcounts(*), sdispls(*)
+      type(c_ptr), value :: recvbuff
+      integer(c_size_t), intent(in) :: recvcounts(*), rdispls(*)
+      integer(c_int), value :: datatype
+      type(c_ptr), value :: comm, stream
+    end function gcommAllToAllV
+
+    ! recvcounts and displs are read on root only (pass any array elsewhere)
+    integer(c_int) function gcommGatherV(sendbuff, sendcount, recvbuff, recvcounts, displs, &
+                                         datatype, root, comm, stream) bind(c, name='gcommGatherV')
+      import :: c_int, c_ptr, c_size_t
+      type(c_ptr), value :: sendbuff
+      integer(c_size_t), value :: sendcount
+      type(c_ptr), value :: recvbuff
+      integer(c_size_t), intent(in) :: recvcounts(*), displs(*)
+      integer(c_int), value :: datatype, root
+      type(c_ptr), value :: comm, stream
+    end function gcommGatherV
+
+    ! sendcounts and displs are read on root only (pass any array elsewhere)
+    integer(c_int) function gcommScatterV(sendbuff, sendcounts, displs, recvbuff, recvcount, &
+                                          datatype, root, comm, stream) bind(c, name='gcommScatterV')
+      import :: c_int, c_ptr, c_size_t
+      type(c_ptr), value :: sendbuff
+      integer(c_size_t), intent(in) :: sendcounts(*), displs(*)
+      type(c_ptr), value :: recvbuff
+      integer(c_size_t), value :: recvcount
+      integer(c_int), value :: datatype, root
+      type(c_ptr), value :: comm, stream
+    end function gcommScatterV
+
     ! ---- Point to point ----
     integer(c_int) function gcommSend(sendbuff, count, datatype, peer, comm, stream) &
         bind(c, name='gcommSend')

@@ -30,6 +30,7 @@ program test_fortran
   call testRooted()
   call testGatherLike()
   call testSendRecvGroup()
+  call testVector()
   call testSplitAndAbort()
   call testTestProgress()
   call check(gcommCommDestroy(comm), 'gcommCommDestroy')
@@ -196,6 +197,72 @@ contains
     call MPI_Scatter(blocks, n, MPI_INTEGER, want, n, MPI_INTEGER, root, MPI_COMM_WORLD)
     call report('Scatter from the middle rank = MPI_Scatter', all(a == want(1:n)))
   end subroutine testGatherLike
+
+  ! The vector collectives against MPI's, with counts 0..4 (zeros included) that differ by pair.
+  subroutine testVector()
+    integer, parameter :: m = 4*64
+    integer(c_int32_t), target :: a(m), got(m*64), want(m*64)
+    integer(c_size_t) :: sc(0:nranks - 1), sd(0:nranks - 1), rc(0:nranks - 1), rd(0:nranks - 1)
+    integer :: isc(0:nranks - 1), isd(0:nranks - 1), irc(0:nranks - 1), ird(0:nranks - 1), p, root
+    root = nranks - 1
+    do p = 0, nranks - 1 ! rank i sends rank j mod(3*i + 5*j + 1, 5) elements
+      isc(p) = modulo(3*rank + 5*p + 1, 5)
+      irc(p) = modulo(3*p + 5*rank + 1, 5)
+    end do
+    isd(0) = 0
+    ird(0) = 0
+    do p = 1, nranks - 1
+      isd(p) = isd(p - 1) + isc(p - 1)
+      ird(p) = ird(p - 1) + irc(p - 1) + 1 ! a gap of one element between blocks
+    end do
+    sc = isc
+    sd = isd
+    rc = irc
+    rd = ird
+    call randomInts(a)
+    got = -7
+    want = -7
+    call check(gcommAllToAllV(c_loc(a), sc, sd, c_loc(got), rc, rd, gcommInt32, comm, hostNull), &
+               'gcommAllToAllV')
+    call check(gcommWait(comm, hostNull), 'gcommWait')
+    call MPI_Alltoallv(a, isc, isd, MPI_INTEGER, want, irc, ird, MPI_INTEGER, MPI_COMM_WORLD)
+    call report('AllToAllV = MPI_Alltoallv', all(got == want))
+
+    ! every rank's block is what it sends rank 0 in the AllToAllV above: rc/rd of rank 0's view
+    do p = 0, nranks - 1
+      irc(p) = modulo(3*p + 1, 5)
+    end do
+    do p = 1, nranks - 1
+      ird(p) = ird(p - 1) + irc(p - 1) + 1
+    end do
+    rc = irc
+    rd = ird
+    got = -7
+    want = -7
+    call check(gcommAllGatherV(c_loc(a), rc(rank), c_loc(got), rc, rd, gcommInt32, comm, &
+                               hostNull), 'gcommAllGatherV')
+    call check(gcommWait(comm, hostNull), 'gcommWait')
+    call MPI_Allgatherv(a, irc(rank), MPI_INTEGER, want, irc, ird, MPI_INTEGER, MPI_COMM_WORLD)
+    call report('AllGatherV = MPI_Allgatherv', all(got == want))
+
+    got = -7
+    want = -7
+    call check(gcommGatherV(c_loc(a), rc(rank), c_loc(got), rc, rd, gcommInt32, root, comm, &
+                            hostNull), 'gcommGatherV')
+    call check(gcommWait(comm, hostNull), 'gcommWait')
+    call MPI_Gatherv(a, irc(rank), MPI_INTEGER, want, irc, ird, MPI_INTEGER, root, MPI_COMM_WORLD)
+    call report('GatherV to the last rank = MPI_Gatherv', rank /= root .or. all(got == want))
+
+    call randomInts(got)
+    a = -7
+    want = -7
+    call check(gcommScatterV(c_loc(got), rc, rd, c_loc(a), rc(rank), gcommInt32, root, comm, &
+                             hostNull), 'gcommScatterV')
+    call check(gcommWait(comm, hostNull), 'gcommWait')
+    call MPI_Scatterv(got, irc, ird, MPI_INTEGER, want, irc(rank), MPI_INTEGER, root, &
+                      MPI_COMM_WORLD)
+    call report('ScatterV from the last rank = MPI_Scatterv', all(a == want(1:m)))
+  end subroutine testVector
 
   ! Each rank sends to both neighbours and receives from both, in one group, receives first.
   subroutine testSendRecvGroup()
