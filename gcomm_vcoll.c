@@ -159,62 +159,56 @@ gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, con
               gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncAllToAllV, 0, stream, __func__));
 }
 
+/* Root's side of GatherV (gather) or ScatterV: its own block `own` (ownCount elements: GatherV's
+ * input, ScatterV's output) and every rank's block in `all` at displs (the other buffer). */
+static gcommResult_t vRoot(VCall* v, int gather, const void* own, size_t ownCount, const void* all,
+                           const size_t* counts, const size_t* displs) {
+  int n = v->comm->nranks, r = v->comm->rank;
+  size_t extent, ownBytes = ownCount * v->esz;
+  const char* countsName = gather ? "recvcounts" : "sendcounts";
+  GCOMM_CHECK(vBlocks(v, countsName, counts, "displs", displs, &extent));
+  if (ownCount != counts[r])
+    return V_BAD(v, "%s %zu is not %s[%d] = %zu (root's own block)",
+                 gather ? "sendcount" : "recvcount", ownCount, countsName, r, counts[r]);
+  int inPlace = own != NULL && own == vAt(all, displs[r], v->esz);
+  if (!inPlace) {
+    GCOMM_CHECK(gather ? vNoOverlap(v, own, ownBytes, all, extent)
+                       : vNoOverlap(v, all, extent, own, ownBytes));
+    vPart(v, gather ? gcommFuncSend : gcommFuncRecv, own, ownCount, r);
+  }
+  for (int i = inPlace ? 1 : 0; i < n; i++) { /* i = 0: the other half of its own block's copy */
+    int p = (r + i) % n;
+    vPart(v, gather ? gcommFuncRecv : gcommFuncSend, vAt(all, displs[p], v->esz), counts[p], p);
+  }
+  return gcommSuccess;
+}
+
 gcommResult_t gcommGatherV(const void* sendbuff, size_t sendcount, void* recvbuff,
                            const size_t* recvcounts, const size_t* displs, gcommDataType_t datatype,
                            int root, gcommComm_t comm, gcommStream_t stream) {
   VCall v;
-  size_t extent;
   GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, stream, __func__));
-  int n = comm->nranks, r = comm->rank;
-  if (r != root) { /* recvbuff, recvcounts and displs are root's */
+  gcommResult_t res = gcommSuccess;
+  if (comm->rank != root) /* recvbuff, recvcounts and displs are root's */
     vPart(&v, gcommFuncSend, sendbuff, sendcount, root);
-    return vEnd(&v,
-                gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncGatherV, 0, stream, __func__));
-  }
-  gcommResult_t res = vBlocks(&v, "recvcounts", recvcounts, "displs", displs, &extent);
-  if (res == gcommSuccess && sendcount != recvcounts[r])
-    res = V_BAD(&v, "sendcount %zu is not recvcounts[%d] = %zu (root's own block)", sendcount, r,
-                recvcounts[r]);
-  int inPlace =
-      res == gcommSuccess && sendbuff != NULL && sendbuff == vAt(recvbuff, displs[r], v.esz);
-  if (res == gcommSuccess && !inPlace)
-    res = vNoOverlap(&v, sendbuff, sendcount * v.esz, recvbuff, extent);
-  if (res != gcommSuccess) return vEnd(&v, res);
-  if (!inPlace) vPart(&v, gcommFuncSend, sendbuff, sendcount, r);
-  for (int i = inPlace ? 1 : 0; i < n; i++) {
-    int p = (r + i) % n;
-    vPart(&v, gcommFuncRecv, vAt(recvbuff, displs[p], v.esz), recvcounts[p], p);
-  }
-  return vEnd(&v,
-              gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncGatherV, 0, stream, __func__));
+  else
+    res = vRoot(&v, 1, sendbuff, sendcount, recvbuff, recvcounts, displs);
+  if (res == gcommSuccess)
+    res = gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncGatherV, 0, stream, __func__);
+  return vEnd(&v, res);
 }
 
 gcommResult_t gcommScatterV(const void* sendbuff, const size_t* sendcounts, const size_t* displs,
                             void* recvbuff, size_t recvcount, gcommDataType_t datatype, int root,
                             gcommComm_t comm, gcommStream_t stream) {
   VCall v;
-  size_t extent;
   GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, stream, __func__));
-  int n = comm->nranks, r = comm->rank;
-  if (r != root) { /* sendbuff, sendcounts and displs are root's */
+  gcommResult_t res = gcommSuccess;
+  if (comm->rank != root) /* sendbuff, sendcounts and displs are root's */
     vPart(&v, gcommFuncRecv, recvbuff, recvcount, root);
-    return vEnd(&v,
-                gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncScatterV, 0, stream, __func__));
-  }
-  gcommResult_t res = vBlocks(&v, "sendcounts", sendcounts, "displs", displs, &extent);
-  if (res == gcommSuccess && recvcount != sendcounts[r])
-    res = V_BAD(&v, "recvcount %zu is not sendcounts[%d] = %zu (root's own block)", recvcount, r,
-                sendcounts[r]);
-  int inPlace =
-      res == gcommSuccess && recvbuff != NULL && recvbuff == vAt(sendbuff, displs[r], v.esz);
-  if (res == gcommSuccess && !inPlace)
-    res = vNoOverlap(&v, sendbuff, extent, recvbuff, recvcount * v.esz);
-  if (res != gcommSuccess) return vEnd(&v, res);
-  if (!inPlace) vPart(&v, gcommFuncRecv, recvbuff, recvcount, r);
-  for (int i = inPlace ? 1 : 0; i < n; i++) {
-    int p = (r + i) % n;
-    vPart(&v, gcommFuncSend, vAt(sendbuff, displs[p], v.esz), sendcounts[p], p);
-  }
-  return vEnd(&v,
-              gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncScatterV, 0, stream, __func__));
+  else
+    res = vRoot(&v, 0, recvbuff, recvcount, sendbuff, sendcounts, displs);
+  if (res == gcommSuccess)
+    res = gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncScatterV, 0, stream, __func__);
+  return vEnd(&v, res);
 }
