@@ -235,7 +235,9 @@ static void testBadArguments(void) {
 /* The last rank's recvcounts say rank 0's block is one element longer than rank 0 sends. */
 static void testMismatch(void) {
   int n = tlNranks, me = tlRank, odd = n - 1;
-  if (n == 1) return;
+  /* across pretend nodes (test/test_net.sh) the ranks not facing the odd one learn of its stop
+   * only at their deadline: test_fault covers mismatches there */
+  if (n == 1 || getenv("GCOMM_HOSTID") != NULL) return;
   gcommComm_t c = tlCommInitEnv(MPI_COMM_WORLD, "GCOMM_CHECK_MISMATCH=1", -1);
   if (!tlReport("AllGatherV mismatch: init")) return;
   size_t counts[64] = {0}, displs[64] = {0};
