@@ -2,6 +2,7 @@
 #               make CUDA=1     + CUDA kernels and IPC transport (nvcc; CUDA_ARCH="90 80" to choose)
 #               make HIP=1      + HIP kernels (hipcc)
 #               make OFI=1      + libfabric transport between nodes
+#               make FORTRAN=1  + the Fortran module (default: when $(MPIFC) compiles Fortran)
 #               make SAN=1      AddressSanitizer + UndefinedBehaviorSanitizer
 #               make SAN=thread ThreadSanitizer
 #               make test       the test suite (test/run.sh)       make run   the main benchmark
@@ -10,6 +11,7 @@
 #               make fuzz       libFuzzer over argument checks and GCOMM_* parsing (clang)
 MPICC   ?= mpicc
 MPIEXEC ?= mpiexec
+MPIFC   ?= mpif90
 BUILD   ?= build
 OPT     ?= -O3
 CFLAGS  += -std=gnu11 $(OPT) -g -fPIC -Wall -Wextra -Werror -pthread -I. $(MPI_CFLAGS)
@@ -25,7 +27,7 @@ CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=thread
 endif
 
-LIB_SRC  = gcomm.c transports/shm.c
+LIB_SRC  = gcomm.c gcomm_vcoll.c transports/shm.c
 LIB_HDR  = gcomm.h gcomm_profiler.h gcomm_internal.h gcomm_sched.h gcomm_reduce.h gcomm_device.h gcomm_gpu.h
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 
@@ -63,6 +65,12 @@ CFLAGS    += -DGCOMM_OFI $(OFI_CFLAGS)
 LDLIBS    += $(or $(OFI_LIBS),-lfabric)
 LIB_SRC   += transports/net_ofi.c
 endif
+# The Fortran module (fortran/): on by default where the MPI's Fortran wrapper works
+FORTRAN ?= $(shell $(MPIFC) --version >/dev/null 2>&1 && echo 1 || echo 0)
+ifeq ($(FORTRAN),1)
+FFLAGS  += -O2 -g -fPIC -Wall -Werror -J$(BUILD)/fortran -I$(BUILD)/fortran
+FLIB     = $(BUILD)/libgcomm_fortran.a
+endif
 ifeq ($(NCCL),1)
 PERF_FLAGS += -DGCOMM_PERF_NCCL -I$(NCCL_HOME)/include
 PERF_LIBS  += -L$(NCCL_HOME)/lib -l:libnccl.so.2 -Wl,-rpath,$(NCCL_HOME)/lib
@@ -75,12 +83,17 @@ TESTS    = $(patsubst test/%.c,$(BUILD)/test/%,$(wildcard test/*.c))
 PLUGINS  = $(patsubst examples/profiler/%.c,$(BUILD)/examples/libgcomm-profiler-%.so,$(wildcard examples/profiler/*.c)) \
            $(patsubst test/plugins/%.c,$(BUILD)/test/plugins/libgcomm-profiler-%.so,$(wildcard test/plugins/*.c))
 
-all: $(BUILD)/libgcomm.a $(BUILD)/libgcomm.so $(EXAMPLES) $(TESTS) $(PLUGINS)
+ifeq ($(FORTRAN),1)
+EXAMPLES += $(patsubst examples/%.f90,$(BUILD)/fortran/%,$(wildcard examples/*.f90))
+TESTS    += $(patsubst test/%.f90,$(BUILD)/test/%,$(wildcard test/*.f90))
+endif
+
+all: $(BUILD)/libgcomm.a $(BUILD)/libgcomm.so $(FLIB) $(EXAMPLES) $(TESTS) $(PLUGINS)
 
 # What $(BUILD) was last built with: every output depends on it, so that a make with other options
 # in the same folder (`make OFI=1 test-net` after `make run`, SAN=1, ...) rebuilds everything
 # instead of linking objects built without the network transport. Rewritten only when it changes.
-BUILD_CONFIG := $(MPICC) $(CFLAGS) $(LDFLAGS) $(LDLIBS) $(NVCCFLAGS) $(HIPFLAGS) $(PERF_FLAGS) $(PERF_LIBS)
+BUILD_CONFIG := $(MPICC) $(CFLAGS) $(FFLAGS) $(LDFLAGS) $(LDLIBS) $(NVCCFLAGS) $(HIPFLAGS) $(PERF_FLAGS) $(PERF_LIBS)
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
 $(shell mkdir -p $(BUILD) && echo '$(BUILD_CONFIG)' | cmp -s - $(BUILD)/config || \
         echo '$(BUILD_CONFIG)' > $(BUILD)/config)
@@ -101,6 +114,32 @@ $(BUILD)/libgcomm.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 $(BUILD)/libgcomm.so: $(LIB_OBJ)
 	$(MPICC) -shared -Wl,-soname,$(GCOMM_SONAME) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# Fortran: the module and its C side in libgcomm_fortran.a, linked before libgcomm.a
+$(BUILD)/fortran/gcomm_mod.o: fortran/gcomm_mod.F90 $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(MPIFC) $(FFLAGS) -c $< -o $@
+$(FLIB): $(BUILD)/fortran/gcomm_mod.o $(BUILD)/obj/fortran/gcomm_fortran.o
+	rm -f $@ && ar rcs $@ $^
+$(BUILD)/fortran/%: examples/%.f90 $(FLIB) $(BUILD)/libgcomm.a $(CONFIG)
+	$(MPIFC) $(FFLAGS) -o $@ $< $(LDFLAGS) $(FLIB) $(BUILD)/libgcomm.a $(LDLIBS)
+$(BUILD)/test/%: test/%.f90 $(FLIB) $(BUILD)/libgcomm.a $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(MPIFC) $(FFLAGS) -o $@ $< $(LDFLAGS) $(FLIB) $(BUILD)/libgcomm.a $(LDLIBS)
+
+# heat2d (and its test) with, in a CUDA build, its GPU half
+ifeq ($(CUDA),1)
+HEAT_GPU = $(BUILD)/obj/examples/heat2d_gpu.o
+endif
+$(BUILD)/obj/examples/heat2d_gpu.o: examples/heat2d_gpu.cu examples/heat2d.h $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DGCOMM_CUDA -c $< -o $@
+$(BUILD)/heat2d: examples/heat2d.c examples/heat2d.h $(HEAT_GPU) $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
+	$(MPICC) $(CFLAGS) -o $@ $< $(HEAT_GPU) $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
+$(BUILD)/test/test_heat2d: test/test_heat2d.c examples/heat2d.c examples/heat2d.h $(HEAT_GPU) \
+                           $(BUILD)/libgcomm.a gcomm.h $(wildcard test/*.h) $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -o $@ $< $(HEAT_GPU) $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
 
 $(BUILD)/gcomm_perf: examples/gcomm_perf.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
@@ -146,7 +185,7 @@ run: $(BUILD)/gcomm_perf
 	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 16 -e 64M -f 4 --backend gcomm,mpi
 
 format:
-	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c test/fuzz/*.c
+	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c fortran/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c test/fuzz/*.c
 
 clean:
 	rm -rf $(BUILD)

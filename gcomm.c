@@ -495,8 +495,8 @@ static char* opBuffer(const gcommOp_t* op, int which) {
 }
 
 static const char* const funcNames[gcommNumFuncs] = {
-    "AllReduce", "Broadcast", "Reduce",  "AllGather", "ReduceScatter",
-    "AllToAll",  "Gather",    "Scatter", "Send",      "Recv"};
+    "AllReduce", "Broadcast", "Reduce", "AllGather",  "ReduceScatter", "AllToAll", "Gather",
+    "Scatter",   "Send",      "Recv",   "AllGatherV", "AllToAllV",     "GatherV",  "ScatterV"};
 const char* gcommFuncName(int func) {
   return (unsigned)func < gcommNumFuncs ? funcNames[func] : "?";
 }
@@ -2302,8 +2302,8 @@ static gcommResult_t launchOps(gcommComm_t comm, gcommOp_t* ops, int n, void* st
 }
 #endif
 
-static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
-                             const char* where) {
+/* The checks every call makes before its own arguments'. */
+gcommResult_t gcommEnqueueCheck(gcommComm_t comm, gcommStream_t stream, const char* where) {
   GCOMM_CHECK(checkComm(comm, where));
   if (stream != NULL && comm->device < 0)
     return gcommSetError(comm, gcommInvalidArgument, -1, where,
@@ -2312,54 +2312,112 @@ static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
   if (async != gcommSuccess)
     return gcommSetError(comm, async, -1, where,
                          "the communicator has stopped on an earlier error: %s", comm->lastError);
-  GCOMM_CHECK(checkArgs(comm, args, where));
-  gcommOp_t* op = buildOp(comm, args);
-  if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
+  return gcommSuccess;
+}
+
+static void traceOp(gcommComm_t comm, const gcommOp_t* op) {
   GCOMM_TRACE(isReduction(op->func) ? GCOMM_SUBSYS_COLL : GCOMM_SUBSYS_P2P, comm,
               "%s seq %llu count %zu %s %s root/peer %d algo %s proto %s channels %d works %d",
               funcNames[op->func], (unsigned long long)op->seq, op->count, typeNames[op->datatype],
               opNames[op->redop], op->func >= gcommFuncSend ? op->peer : op->root,
               algoNames[op->algo], protoNames[op->proto], op->nChannels, op->nWorks);
   if (GCOMM_PROF_ON(comm, gcommProfileGroup | gcommProfileColl | gcommProfileP2p))
-    gcommProfOpEnqueued(comm, op, groupDepth > 0);
+    gcommProfOpEnqueued(comm, (gcommOp_t*)op, groupDepth > 0);
+}
+
+static void freeOps(gcommOp_t* head) {
+  for (gcommOp_t* next; head; head = next) next = head->next, free(head);
+}
+
+/* Hands the built operations of one call (n of them, head to tail, each with works) over: a GPU
+ * communicator launches them, a host communicator posts them as one batch (they run
+ * concurrently), or the group holds them until its end. */
+static gcommResult_t submitOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, int n,
+                               gcommStream_t stream, const char* where) {
 #ifdef GCOMM_GPU
   if (comm->device >= 0) { /* a GPU communicator launches (now, or at the group's end) */
-    if (op->nWorks == 0) {
-      free(op);
-      return gcommSuccess;
-    }
     if (groupDepth == 0) {
-      gcommResult_t r = launchOps(comm, op, 1, stream);
-      free(op);
+      gcommResult_t r = launchOps(comm, head, n, stream);
+      freeOps(head);
       return r;
     }
     if (comm->groupHead != NULL && stream != comm->groupStream) {
-      free(op);
+      freeOps(head);
       return gcommSetError(comm, gcommInvalidUsage, -1, where,
                            "every operation of a group on one GPU communicator must use the "
                            "same stream");
     }
     comm->groupStream = stream;
-  } else
-#endif
-      if (op->nWorks == 0) { /* nothing to move (count 0): complete at once */
-    __atomic_add_fetch(&comm->opsPosted, 1, __ATOMIC_ACQ_REL);
-    __atomic_add_fetch(&comm->opsDone, 1, __ATOMIC_ACQ_REL);
-    free(op);
-    return gcommSuccess;
   }
-  if (groupDepth == 0) return postOps(comm, op, op, 1);
+#else
+  (void)stream, (void)where;
+#endif
+  if (groupDepth == 0 && comm->device < 0) return postOps(comm, head, tail, n);
   if (comm->groupTail)
-    comm->groupTail->next = op;
+    comm->groupTail->next = head;
   else
-    comm->groupHead = op;
-  comm->groupTail = op;
+    comm->groupHead = head;
+  comm->groupTail = tail;
   if (!comm->inGroup) {
     comm->inGroup = 1;
     comm->groupNext = groupComms;
     groupComms = comm;
   }
   return gcommSuccess;
+}
+
+static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
+                             const char* where) {
+  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
+  GCOMM_CHECK(checkArgs(comm, args, where));
+  gcommOp_t* op = buildOp(comm, args);
+  if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
+  traceOp(comm, op);
+  if (op->nWorks == 0) { /* nothing to move (count 0): complete at once */
+    if (comm->device < 0) {
+      __atomic_add_fetch(&comm->opsPosted, 1, __ATOMIC_ACQ_REL);
+      __atomic_add_fetch(&comm->opsDone, 1, __ATOMIC_ACQ_REL);
+    }
+    free(op);
+    return gcommSuccess;
+  }
+  return submitOps(comm, op, op, 1, stream, where);
+}
+
+/* A call made of point-to-point parts (gcomm_vcoll.c): checked whole before anything is
+ * enqueued, one collective sequence number, every part tagged as the call (func, its datatype and
+ * root, a hash of countsHash or, when 0, of the part's count), posted or launched together. */
+gcommResult_t gcommEnqueueParts(gcommComm_t comm, gcommOp_t* parts, int n, int func,
+                                uint64_t countsHash, gcommStream_t stream, const char* where) {
+  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
+  for (int i = 0; i < n; i++) GCOMM_CHECK(checkArgs(comm, &parts[i], where));
+  uint64_t seq = __atomic_fetch_add(&comm->collSeq, 1, __ATOMIC_RELAXED);
+  gcommOp_t *head = NULL, *tail = NULL;
+  int count = 0;
+  for (int i = 0; i < n; i++) {
+    gcommOp_t* op = buildOp(comm, &parts[i]);
+    if (op == NULL) {
+      freeOps(head);
+      return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
+    }
+    gcommOp_t call = *op;
+    call.func = func;
+    call.seq = op->seq = seq;
+    call.count = countsHash ? countsHash : op->count;
+    op->tag = comm->params.checkMismatch ? opTag(&call) : 0;
+    traceOp(comm, op);
+    if (op->nWorks == 0) { /* an empty part */
+      free(op);
+      continue;
+    }
+    if (tail)
+      tail->next = op;
+    else
+      head = op;
+    tail = op;
+    count++;
+  }
+  return head == NULL ? gcommSuccess : submitOps(comm, head, tail, count, stream, where);
 }
 
 gcommResult_t gcommGroupStart(void) {

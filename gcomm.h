@@ -159,6 +159,26 @@ gcommResult_t gcommScatter(const void* sendbuff, void* recvbuff, size_t recvcoun
                            gcommDataType_t datatype, int root, gcommComm_t comm,
                            gcommStream_t stream);
 
+/* ---- Vector collectives ----
+ * MPI's argument order with one datatype: each rank's block has its own count, at its own
+ * displacement (counts and displacements in elements). recvcounts and displs are used on root only
+ * for GatherV, sendcounts and displs on root only for ScatterV. Every pair's counts must agree
+ * (what one rank sends to another is what that one expects from it). In place: AllGatherV with
+ * sendbuff == recvbuff + displs[rank] * element size, GatherV likewise on root, ScatterV with
+ * recvbuff == sendbuff + displs[root] * element size on root. AllToAllV has no in-place form. */
+gcommResult_t gcommAllGatherV(const void* sendbuff, size_t sendcount, void* recvbuff,
+                              const size_t* recvcounts, const size_t* displs,
+                              gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream);
+gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
+                             void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
+                             gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream);
+gcommResult_t gcommGatherV(const void* sendbuff, size_t sendcount, void* recvbuff,
+                           const size_t* recvcounts, const size_t* displs, gcommDataType_t datatype,
+                           int root, gcommComm_t comm, gcommStream_t stream);
+gcommResult_t gcommScatterV(const void* sendbuff, const size_t* sendcounts, const size_t* displs,
+                            void* recvbuff, size_t recvcount, gcommDataType_t datatype, int root,
+                            gcommComm_t comm, gcommStream_t stream);
+
 /* ---- Point to point ----
  * Sends and receives between one pair match in call order. Inside a group they never deadlock,
  * whatever the order of the calls. */

@@ -198,6 +198,17 @@ typedef struct {
 #define GCOMM_COMM_MAGIC 0x636f6d6du
 #define GCOMM_MAX_CHANNELS 128 /* GCOMM_NCHANNELS, config.nChannels */
 
+/* The checks every call makes before its own arguments': a valid communicator, stream NULL on
+ * a host communicator, no earlier error that stopped it. */
+gcommResult_t gcommEnqueueCheck(gcommComm_t comm, gcommStream_t stream, const char* where);
+/* Enqueues one call made of n point-to-point parts (Send/Recv arguments; gcomm_vcoll.c's vector
+ * collectives): every part checked before any is enqueued, then all posted or launched together
+ * (or held by the group) under one collective sequence number, each tagged as a call of func with
+ * the part's datatype and root and a hash of countsHash (when 0: of the part's count), so that a
+ * peer in another call is named. */
+gcommResult_t gcommEnqueueParts(gcommComm_t comm, gcommOp_t* parts, int n, int func,
+                                uint64_t countsHash, gcommStream_t stream, const char* where);
+
 /* ---- Profiler (gcomm_profiler.h; the plugin section of gcomm.c) ---- */
 typedef struct {
   int mask;  /* the plugin's activation mask (it may change it): 0 without a plugin */

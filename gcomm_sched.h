@@ -47,6 +47,11 @@ typedef enum {
   gcommFuncScatter,
   gcommFuncSend,
   gcommFuncRecv,
+  /* the vector collectives (gcomm_vcoll.c): run as Send/Recv parts, named only in their tags */
+  gcommFuncAllGatherV,
+  gcommFuncAllToAllV,
+  gcommFuncGatherV,
+  gcommFuncScatterV,
   gcommNumFuncs
 } gcommFunc_t;
 

@@ -107,7 +107,8 @@ static struct {
   unsigned backends; /* bit i: BACKEND_i, in that order */
   int proxyMode;     /* GCOMM_PROXY_*, or -1 for gcomm's default */
   int separate;      /* several backends: one nccl-tests table each, not one side by side */
-} opt = {32 << 20, 32 << 20, 1 << 20, 1, 20, 5, 1, 1, -1, 0, gcommFloat, gcommSum, 0, 0, 0, -1, 0};
+  int vskewed;       /* --vcounts skewed: the vector collectives' counts (see vCount) */
+} opt = {32 << 20, 32 << 20, 1 << 20, 1, 20, 5, 1, 1, -1, 0, gcommFloat, gcommSum, 0, 0, 0, -1, 0, 0};
 
 static const char* const opNames[gcommNumOps] = {"sum", "prod", "max", "min", "avg"};
 static const char* const backendNames[NUM_BACKENDS] = {"gcomm", "mpi", "nccl"};
@@ -130,7 +131,8 @@ static void usage(const char* prog) {
       "\t[-a,--average <0/1/2/3> report average iteration time <0=RANK0/1=AVG/2=MIN/3=MAX>]\n"
       "\t[-g <0/1>, --gpu[=0/1]] device buffers (default: in a CUDA build with a device present)\n"
       "\t[--coll <allreduce/broadcast/reduce/allgather/reducescatter/alltoall/gather/scatter/"
-      "sendrecv/all>[,...]] (default allreduce)\n"
+      "sendrecv/allgatherv/alltoallv/gatherv/scatterv/all>[,...]] (default allreduce)\n"
+      "\t[--vcounts <random/skewed>] the vector collectives' counts per pair (default random)\n"
       "\t[--backend <gcomm/mpi/nccl>[,...]] (default gcomm); several: one table, side by side,\n"
       "\t\twith each backend's time over the first one's (above 1: the first is faster)\n"
       "\t[--separate] with several backends, one nccl-tests table per backend instead\n"
@@ -1003,6 +1005,150 @@ static const Backend* backendOf(int id) {
 }
 
 /* ======================================================================================== */
+/* The vector collectives                                                                   */
+/* ======================================================================================== */
+
+/* Blocks as in allgather, alltoall, gather and scatter (block j at j * base, base = the count
+ * column), each only partly used: rank `from` sends rank `to` vCount(from, to) elements, and in
+ * allgatherv, gatherv and scatterv rank j's block holds vCount(j, j). Random (--vcounts random):
+ * 0..base, zeros included; skewed: every pair with rank 0 moves base, the others base/8. The
+ * size column stays the buffers' (nccl-tests' alltoall size): the bandwidth columns count the
+ * whole blocks, so compare the times. NCCL has no vector collectives: its runners are the
+ * grouped ncclSend/ncclRecv pattern an NCCL code writes instead. */
+static size_t vCount(const Test* t, int from, int to) {
+  if (opt.vskewed) return from == 0 || to == 0 ? t->count : t->count / 8;
+  return hash32((uint32_t)from * 7919u + (uint32_t)to * 104729u + (uint32_t)t->count) %
+         (t->count + 1);
+}
+
+/* The counts and displacements of t's call on this rank, as size_t (gcomm) and int (MPI): what it
+ * sends each rank (send), receives from each (recv), each rank's own block (own), and where
+ * block j starts (displ). Kept for the next call of the same count. */
+static struct {
+  size_t count;
+  int vskewed, ready;
+  size_t *send, *recv, *own, *displ;
+  int *isend, *irecv, *iown, *idispl;
+} va;
+
+static void vArrays(const Test* t) {
+  int n = world.nranks, me = world.rank;
+  if (va.ready && va.count == t->count) return;
+  if (!va.ready) {
+    va.send = malloc(4 * (size_t)n * sizeof(size_t));
+    va.isend = malloc(4 * (size_t)n * sizeof(int));
+    if (va.send == NULL || va.isend == NULL) die("out of host memory");
+    va.recv = va.send + n, va.own = va.send + 2 * n, va.displ = va.send + 3 * n;
+    va.irecv = va.isend + n, va.iown = va.isend + 2 * n, va.idispl = va.isend + 3 * n;
+  }
+  if ((size_t)n * t->count > (size_t)INT32_MAX) die("count too large for MPI's int counts");
+  for (int j = 0; j < n; j++) {
+    va.send[j] = vCount(t, me, j), va.recv[j] = vCount(t, j, me), va.own[j] = vCount(t, j, j);
+    va.displ[j] = (size_t)j * t->count;
+    va.isend[j] = (int)va.send[j], va.irecv[j] = (int)va.recv[j], va.iown[j] = (int)va.own[j];
+    va.idispl[j] = (int)va.displ[j];
+  }
+  va.count = t->count, va.ready = 1;
+}
+
+static void gcAllGatherV(const Test* t, const void* s, void* r) {
+  vArrays(t);
+  GC(gcommAllGatherV(s, va.own[world.rank], r, va.own, va.displ, GCT(t), gcComm, gcStream));
+}
+static void gcAllToAllV(const Test* t, const void* s, void* r) {
+  vArrays(t);
+  GC(gcommAllToAllV(s, va.send, va.displ, r, va.recv, va.displ, GCT(t), gcComm, gcStream));
+}
+static void gcGatherV(const Test* t, const void* s, void* r) {
+  vArrays(t);
+  GC(gcommGatherV(s, va.own[world.rank], r, va.own, va.displ, GCT(t), t->root, gcComm, gcStream));
+}
+static void gcScatterV(const Test* t, const void* s, void* r) {
+  vArrays(t);
+  GC(gcommScatterV(s, va.own, va.displ, r, va.own[world.rank], GCT(t), t->root, gcComm, gcStream));
+}
+
+static void mpiAllGatherV(const Test* t, const void* s, void* r) {
+  MPI_Datatype dt = mpiType(t->type);
+  vArrays(t);
+  MPI_Allgatherv(MPI_IN(t, s), va.iown[world.rank], dt, r, va.iown, va.idispl, dt, MPI_COMM_WORLD);
+}
+static void mpiAllToAllV(const Test* t, const void* s, void* r) {
+  MPI_Datatype dt = mpiType(t->type);
+  vArrays(t);
+  MPI_Alltoallv(s, va.isend, va.idispl, dt, r, va.irecv, va.idispl, dt, MPI_COMM_WORLD);
+}
+static void mpiGatherV(const Test* t, const void* s, void* r) {
+  MPI_Datatype dt = mpiType(t->type);
+  int root = world.rank == t->root;
+  vArrays(t);
+  MPI_Gatherv(root ? MPI_IN(t, s) : s, va.iown[world.rank], dt, r, va.iown, va.idispl, dt, t->root,
+              MPI_COMM_WORLD);
+}
+static void mpiScatterV(const Test* t, const void* s, void* r) {
+  MPI_Datatype dt = mpiType(t->type);
+  int root = world.rank == t->root;
+  vArrays(t);
+  MPI_Scatterv(s, va.iown, va.idispl, dt, root && t->inPlace ? MPI_IN_PLACE : r,
+               va.iown[world.rank], dt, t->root, MPI_COMM_WORLD);
+}
+
+/* Whether the call writes element i of this rank's result: all of it, except in the vector
+ * collectives, which write only the first vCount elements of each block. */
+static int vDefined(const Test* t, size_t i) {
+  RunFn run = t->coll->run[BACKEND_GCOMM];
+  int me = world.rank, j = t->count ? (int)(i / t->count) : 0;
+  size_t k = t->count ? i % t->count : 0;
+  if (run == gcAllGatherV || run == gcGatherV) return k < vCount(t, j, j);
+  if (run == gcAllToAllV) return k < vCount(t, j, me);
+  if (run == gcScatterV) return i < vCount(t, me, me);
+  return 1;
+}
+
+#ifdef GCOMM_PERF_NCCL
+/* One group: to every rank p scount[p] elements from s (sFromStart) or from block p of s, and from
+ * every rank rcount[p] into r (rFromStart) or block p of r; empty ones left out. */
+static void ncGrouped(const Test* t, const void* s, const size_t* scount, int sFromStart, void* r,
+                      const size_t* rcount, int rFromStart) {
+  size_t ts = (size_t)types[t->type].size;
+  NC(ncclGroupStart());
+  for (int p = 0; p < world.nranks; p++) {
+    const char* from = (const char*)s + (sFromStart ? 0 : va.displ[p] * ts);
+    char* to = (char*)r + (rFromStart ? 0 : va.displ[p] * ts);
+    if (scount[p] > 0) NC(ncclSend(from, scount[p], NCT(t), p, ncComm, stream));
+    if (rcount[p] > 0) NC(ncclRecv(to, rcount[p], NCT(t), p, ncComm, stream));
+  }
+  NC(ncclGroupEnd());
+}
+/* this rank's own block to every rank (all) or to root only; static zeros for "nothing" */
+static const size_t* ncOwnTo(int all, int root) {
+  static size_t mine[64], zeros[64];
+  if (world.nranks > 64) die("the vector collectives on NCCL: at most 64 ranks");
+  for (int p = 0; p < world.nranks; p++)
+    mine[p] = all || p == root ? va.own[world.rank] : 0, zeros[p] = 0;
+  return root == -2 ? zeros : mine;
+}
+static void ncAllGatherV(const Test* t, const void* s, void* r) {
+  vArrays(t);
+  ncGrouped(t, s, ncOwnTo(1, -1), 1, r, va.own, 0);
+}
+static void ncAllToAllV(const Test* t, const void* s, void* r) {
+  vArrays(t);
+  ncGrouped(t, s, va.send, 0, r, va.recv, 0);
+}
+static void ncGatherV(const Test* t, const void* s, void* r) {
+  int isRoot = world.rank == t->root;
+  vArrays(t);
+  ncGrouped(t, s, ncOwnTo(0, t->root), 1, r, isRoot ? va.own : ncOwnTo(0, -2), 0);
+}
+static void ncScatterV(const Test* t, const void* s, void* r) {
+  int isRoot = world.rank == t->root;
+  vArrays(t);
+  ncGrouped(t, s, isRoot ? va.own : ncOwnTo(0, -2), 0, r, ncOwnTo(0, t->root), 1);
+}
+#endif
+
+/* ======================================================================================== */
 /* The collectives                                                                          */
 /* ======================================================================================== */
 
@@ -1065,6 +1211,14 @@ static const Coll collectives[] = {
      factorGather,    expScatter,       {gcScatter, mpiScatter, NCCL_RUN(ncScatter)}},
     {"sendrecv",      SHAPE_SAME,     0,  0,   0,     0,      1,           0,
      factorOne,       expSendRecv,      {gcSendRecv, mpiSendRecv, NCCL_RUN(ncSendRecv)}},
+    {"allgatherv",    SHAPE_GATHER,   0,  0,   0,     0,      0,           B(BACKEND_NCCL),
+     factorGather,    expAllGather,     {gcAllGatherV, mpiAllGatherV, NCCL_RUN(ncAllGatherV)}},
+    {"alltoallv",     SHAPE_ALLTOALL, 0,  0,   0,     0,      1,           ~0u,
+     factorGather,    expAllToAll,      {gcAllToAllV, mpiAllToAllV, NCCL_RUN(ncAllToAllV)}},
+    {"gatherv",       SHAPE_GATHER,   0,  1,   0,     1,      0,           B(BACKEND_NCCL),
+     factorGather,    expAllGather,     {gcGatherV, mpiGatherV, NCCL_RUN(ncGatherV)}},
+    {"scatterv",      SHAPE_SCATTER,  0,  1,   1,     0,      0,           B(BACKEND_NCCL),
+     factorGather,    expScatter,       {gcScatterV, mpiScatterV, NCCL_RUN(ncScatterV)}},
 };
 /* clang-format on */
 #define NUM_COLLS ((int)(sizeof(collectives) / sizeof(collectives[0])))
@@ -1170,6 +1324,7 @@ static long long countWrong(const Test* t) {
   if (memcmp(stage, expected, t->recvCount * ts) == 0) return 0;
   for (size_t i = 0; i < t->recvCount; i++) {
     if (memcmp(stage + i * ts, expected + i * ts, ts) == 0) continue;
+    if (!none && !vDefined(t, i)) continue;
     if (tolerant && fabs(loadValue(t->type, stage, i) - loadValue(t->type, expected, i)) <= tol)
       continue;
     wrong++;
@@ -1645,6 +1800,7 @@ static int parseArgs(int argc, char** argv) {
                                            {"backend", required_argument, 0, 'B'},
                                            {"proxy", required_argument, 0, 'P'},
                                            {"separate", no_argument, 0, 'S'},
+                                           {"vcounts", required_argument, 0, 'V'},
                                            {"help", no_argument, 0, 'h'},
                                            {0, 0, 0, 0}};
   const char* collNames[NUM_COLLS];
@@ -1715,6 +1871,10 @@ static int parseArgs(int argc, char** argv) {
         break;
       case 'S':
         opt.separate = 1;
+        break;
+      case 'V':
+        opt.vskewed = strcmp(optarg, "skewed") == 0;
+        bad = opt.vskewed || strcmp(optarg, "random") == 0 ? NULL : "vcounts";
         break;
       case 'h':
         usage(argv[0]);

@@ -22,9 +22,10 @@
 #                     "tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll net:3x1/ch2/ep2": net is the
 #                     automatic choice over TCP with libfabric 1.17)
 #   (an empty TEST_NET_CONFIGS or TEST_NET_KILLS skips that part)
-#   TEST_NET_PROGS    correctness programs (default "test_coll test_p2p test_random": the last a
-#                     random sequence of calls of every size, in place or not, mixing large and
-#                     small operations, as the network's receive posting adapts to them)
+#   TEST_NET_PROGS    correctness programs (default "test_coll test_p2p test_random test_vcoll":
+#                     test_random a random sequence of calls of every size, in place or not,
+#                     mixing large and small operations, as the network's receive posting adapts
+#                     to them; test_vcoll the vector collectives against MPI's)
 #   TEST_NET_FAULTS   configs for test_fault's mismatched calls across nodes, found through the
 #                     tag each message carries as completion data (default "tcp:2x1 shm:2x1": one
 #                     rank a node, so every rank receives from the odd one; with more, ranks that
@@ -38,7 +39,7 @@ MPIEXEC=${MPIEXEC:-mpiexec}
 TIMEOUT=${TEST_TIMEOUT:-900}
 CONFIGS=${TEST_NET_CONFIGS-"tcp:2x1 tcp:2x2/ch2 shm:2x2/unshared shm:3x1 tcp:4x1 net:2x2/ch2/ep2"}
 KILLS=${TEST_NET_KILLS-"tcp:2x2 shm:2x2 tcp:3x1/poll shm:3x1/poll net:3x1/ch2/ep2"}
-PROGS=${TEST_NET_PROGS:-"test_coll test_p2p test_random"}
+PROGS=${TEST_NET_PROGS:-"test_coll test_p2p test_random test_vcoll"}
 FAULTS=${TEST_NET_FAULTS-"tcp:2x1 shm:2x1"}
 here=$(cd "$(dirname "$0")" && pwd)
 

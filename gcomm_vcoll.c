@@ -1,0 +1,214 @@
+/*
+ * gcomm_vcoll.c - the vector collectives: AllGatherV, AllToAllV, GatherV, ScatterV.
+ *
+ * Every rank's block has its own size, so the fixed-chunk schedules of gcomm_sched.h (which both
+ * executors, host and GPU, compute from one count) do not fit. A vector collective is the direct
+ * pattern instead: a send and a receive per pair of ranks that exchange data, all enqueued as one
+ * operation (gcommEnqueueParts). Each pair moves on its own point-to-point queue at once, pipelined
+ * through the FIFO slots and split over channels when large (host: one batch of the progress
+ * engine; GPU: one kernel launch, a block per pair and channel), never one pair after another.
+ * The call's checks come first and cover the whole call; nothing is enqueued when one fails.
+ *
+ * Mismatch detection: every part is tagged as the call (its kind, datatype, root, sequence
+ * number), AllGatherV with a hash of recvcounts (the same array on every rank), the others with
+ * the pair's count; each FIFO slot also carries its byte count. A rank whose counts or call differ
+ * is named by the peer it meets.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gcomm_internal.h"
+
+/* One call's parts as it is built. */
+typedef struct {
+  gcommComm_t comm;
+  gcommOp_t* parts; /* up to 2 * nranks: a send and a receive per peer */
+  int nParts, root;
+  gcommDataType_t datatype;
+  size_t esz;
+  const char* where;
+} VCall;
+
+#define V_BAD(v, ...) gcommSetError((v)->comm, gcommInvalidArgument, -1, (v)->where, __VA_ARGS__)
+
+/* The checks before any count is read: the communicator, datatype and root (hasRoot). */
+static gcommResult_t vBegin(VCall* v, gcommComm_t comm, gcommDataType_t datatype, int root,
+                            int hasRoot, gcommStream_t stream, const char* where) {
+  memset(v, 0, sizeof(*v));
+  v->comm = comm;
+  v->where = where;
+  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
+  if ((unsigned)datatype >= gcommNumTypes)
+    return V_BAD(v, "datatype %d is not a gcommDataType_t (0..%d)", datatype, gcommNumTypes - 1);
+  if (hasRoot && (root < 0 || root >= comm->nranks))
+    return V_BAD(v, "root %d is not a rank of this communicator (0..%d)", root, comm->nranks - 1);
+  v->datatype = datatype;
+  v->root = hasRoot ? root : 0;
+  v->esz = gcommTypeSize(datatype);
+  v->parts = malloc(2 * (size_t)comm->nranks * sizeof(gcommOp_t));
+  if (v->parts == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
+  return gcommSuccess;
+}
+
+static gcommResult_t vEnd(VCall* v, gcommResult_t res) {
+  free(v->parts);
+  return res;
+}
+
+/* Element displ of base (NULL stays NULL: a buffer a rank does not use). */
+static char* vAt(const void* base, size_t displ, size_t esz) {
+  return base == NULL ? NULL : (char*)base + displ * esz;
+}
+
+static void vPart(VCall* v, int func, const void* buf, size_t count, int peer) {
+  gcommOp_t* p = &v->parts[v->nParts++];
+  memset(p, 0, sizeof(*p));
+  p->func = func;
+  if (func == gcommFuncSend)
+    p->sendbuff = buf;
+  else
+    p->recvbuff = (void*)buf;
+  p->count = count;
+  p->datatype = v->datatype;
+  p->root = v->root;
+  p->peer = peer;
+}
+
+/* The counts and displacements of a buffer's n blocks: present, and every block addressable.
+ * *extent: the bytes from the buffer's start to the end of its last non-empty block. */
+static gcommResult_t vBlocks(VCall* v, const char* countsName, const size_t* counts,
+                             const char* displsName, const size_t* displs, size_t* extent) {
+  size_t limit = SIZE_MAX / 2 / v->esz;
+  *extent = 0;
+  if (counts == NULL) return V_BAD(v, "%s is NULL", countsName);
+  if (displs == NULL) return V_BAD(v, "%s is NULL", displsName);
+  for (int p = 0; p < v->comm->nranks; p++) {
+    if (counts[p] > limit || displs[p] > limit - counts[p])
+      return V_BAD(v, "%s[%d] = %zu and %s[%d] = %zu are too large", countsName, p, counts[p],
+                   displsName, p, displs[p]);
+    if (counts[p] > 0 && (displs[p] + counts[p]) * v->esz > *extent)
+      *extent = (displs[p] + counts[p]) * v->esz;
+  }
+  return gcommSuccess;
+}
+
+/* Buffers that meet outside the in-place layout are rejected, as for the other collectives. */
+static gcommResult_t vNoOverlap(VCall* v, const void* in, size_t inBytes, const void* out,
+                                size_t outBytes) {
+  const char *a = in, *b = out;
+  if (inBytes > 0 && outBytes > 0 && a < b + outBytes && b < a + inBytes)
+    return V_BAD(v,
+                 "sendbuff [%p, +%zu B) and recvbuff [%p, +%zu B) overlap and are not the "
+                 "in-place layout of %s",
+                 in, inBytes, out, outBytes, v->where + strlen("gcomm"));
+  return gcommSuccess;
+}
+
+/* What the ranks agree on for AllGatherV: its recvcounts, hashed (never 0: 0 means "the part's
+ * own count"). */
+static uint64_t hashCounts(const size_t* counts, int n) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a over the counts */
+  for (int i = 0; i < n; i++) h = (h ^ (uint64_t)counts[i]) * 0x100000001b3ull;
+  return h | 1;
+}
+
+gcommResult_t gcommAllGatherV(const void* sendbuff, size_t sendcount, void* recvbuff,
+                              const size_t* recvcounts, const size_t* displs,
+                              gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
+  VCall v;
+  size_t extent;
+  GCOMM_CHECK(vBegin(&v, comm, datatype, 0, 0, stream, __func__));
+  int n = comm->nranks, r = comm->rank;
+  gcommResult_t res = vBlocks(&v, "recvcounts", recvcounts, "displs", displs, &extent);
+  if (res == gcommSuccess && sendcount != recvcounts[r])
+    res = V_BAD(&v, "sendcount %zu is not recvcounts[%d] = %zu (this rank's block)", sendcount, r,
+                recvcounts[r]);
+  int inPlace =
+      res == gcommSuccess && sendbuff != NULL && sendbuff == vAt(recvbuff, displs[r], v.esz);
+  if (res == gcommSuccess && !inPlace)
+    res = vNoOverlap(&v, sendbuff, sendcount * v.esz, recvbuff, extent);
+  if (res != gcommSuccess) return vEnd(&v, res);
+  for (int i = 0; i < n; i++) {
+    int p = (r + i) % n; /* each rank starts with its next neighbour: the pairs spread out */
+    if (p == r && inPlace) continue;
+    vPart(&v, gcommFuncSend, sendbuff, sendcount, p);
+    vPart(&v, gcommFuncRecv, vAt(recvbuff, displs[p], v.esz), recvcounts[p], p);
+  }
+  return vEnd(&v, gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncAllGatherV,
+                                    hashCounts(recvcounts, n), stream, __func__));
+}
+
+gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
+                             void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
+                             gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
+  VCall v;
+  size_t inBytes, outBytes;
+  GCOMM_CHECK(vBegin(&v, comm, datatype, 0, 0, stream, __func__));
+  int n = comm->nranks, r = comm->rank;
+  gcommResult_t res = vBlocks(&v, "sendcounts", sendcounts, "sdispls", sdispls, &inBytes);
+  if (res == gcommSuccess)
+    res = vBlocks(&v, "recvcounts", recvcounts, "rdispls", rdispls, &outBytes);
+  if (res == gcommSuccess) res = vNoOverlap(&v, sendbuff, inBytes, recvbuff, outBytes);
+  if (res != gcommSuccess) return vEnd(&v, res);
+  for (int i = 0; i < n; i++) {
+    int p = (r + i) % n;
+    vPart(&v, gcommFuncSend, vAt(sendbuff, sdispls[p], v.esz), sendcounts[p], p);
+    vPart(&v, gcommFuncRecv, vAt(recvbuff, rdispls[p], v.esz), recvcounts[p], p);
+  }
+  return vEnd(&v,
+              gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncAllToAllV, 0, stream, __func__));
+}
+
+/* Root's side of GatherV (gather) or ScatterV: its own block `own` (ownCount elements: GatherV's
+ * input, ScatterV's output) and every rank's block in `all` at displs (the other buffer). */
+static gcommResult_t vRoot(VCall* v, int gather, const void* own, size_t ownCount, const void* all,
+                           const size_t* counts, const size_t* displs) {
+  int n = v->comm->nranks, r = v->comm->rank;
+  size_t extent, ownBytes = ownCount * v->esz;
+  const char* countsName = gather ? "recvcounts" : "sendcounts";
+  GCOMM_CHECK(vBlocks(v, countsName, counts, "displs", displs, &extent));
+  if (ownCount != counts[r])
+    return V_BAD(v, "%s %zu is not %s[%d] = %zu (root's own block)",
+                 gather ? "sendcount" : "recvcount", ownCount, countsName, r, counts[r]);
+  int inPlace = own != NULL && own == vAt(all, displs[r], v->esz);
+  if (!inPlace) {
+    GCOMM_CHECK(gather ? vNoOverlap(v, own, ownBytes, all, extent)
+                       : vNoOverlap(v, all, extent, own, ownBytes));
+    vPart(v, gather ? gcommFuncSend : gcommFuncRecv, own, ownCount, r);
+  }
+  for (int i = inPlace ? 1 : 0; i < n; i++) { /* i = 0: the other half of its own block's copy */
+    int p = (r + i) % n;
+    vPart(v, gather ? gcommFuncRecv : gcommFuncSend, vAt(all, displs[p], v->esz), counts[p], p);
+  }
+  return gcommSuccess;
+}
+
+gcommResult_t gcommGatherV(const void* sendbuff, size_t sendcount, void* recvbuff,
+                           const size_t* recvcounts, const size_t* displs, gcommDataType_t datatype,
+                           int root, gcommComm_t comm, gcommStream_t stream) {
+  VCall v;
+  GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, stream, __func__));
+  gcommResult_t res = gcommSuccess;
+  if (comm->rank != root) /* recvbuff, recvcounts and displs are root's */
+    vPart(&v, gcommFuncSend, sendbuff, sendcount, root);
+  else
+    res = vRoot(&v, 1, sendbuff, sendcount, recvbuff, recvcounts, displs);
+  if (res == gcommSuccess)
+    res = gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncGatherV, 0, stream, __func__);
+  return vEnd(&v, res);
+}
+
+gcommResult_t gcommScatterV(const void* sendbuff, const size_t* sendcounts, const size_t* displs,
+                            void* recvbuff, size_t recvcount, gcommDataType_t datatype, int root,
+                            gcommComm_t comm, gcommStream_t stream) {
+  VCall v;
+  GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, stream, __func__));
+  gcommResult_t res = gcommSuccess;
+  if (comm->rank != root) /* sendbuff, sendcounts and displs are root's */
+    vPart(&v, gcommFuncRecv, recvbuff, recvcount, root);
+  else
+    res = vRoot(&v, 0, recvbuff, recvcount, sendbuff, sendcounts, displs);
+  if (res == gcommSuccess)
+    res = gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncScatterV, 0, stream, __func__);
+  return vEnd(&v, res);
+}
