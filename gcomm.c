@@ -328,8 +328,10 @@ const char* gcommGetErrorString(gcommResult_t result) {
   }
 }
 
+static int commIsLive(gcommComm_t comm);
+
 const char* gcommGetLastError(gcommComm_t comm) {
-  if (comm != NULL && comm->magic == GCOMM_COMM_MAGIC) return comm->lastError;
+  if (comm != NULL && commIsLive(comm)) return comm->lastError;
   return threadLastError;
 }
 
@@ -1675,6 +1677,49 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   return hasGpuProxy(comm) ? startGpuProxy(comm) : gcommSuccess;
 }
 
+/* The live communicators of the process. A handle is checked here, never by reading the memory
+ * it points to: after gcommCommDestroy that memory is freed (a magic number in it was no check:
+ * the compiler drops a store before free, and reading it is a use after free). A destroyed
+ * handle whose address a new communicator reuses passes for the new one. */
+static pthread_mutex_t liveLock = PTHREAD_MUTEX_INITIALIZER;
+static gcommComm_t* liveComms;
+static int nLive, liveCap;
+
+static gcommResult_t commRegister(gcommComm_t comm) {
+  pthread_mutex_lock(&liveLock);
+  if (nLive == liveCap) {
+    int cap = liveCap ? 2 * liveCap : 16;
+    gcommComm_t* grown = realloc(liveComms, (size_t)cap * sizeof(*grown));
+    if (grown == NULL) {
+      pthread_mutex_unlock(&liveLock);
+      return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+    }
+    liveComms = grown, liveCap = cap;
+  }
+  liveComms[nLive++] = comm;
+  pthread_mutex_unlock(&liveLock);
+  return gcommSuccess;
+}
+
+/* Removes comm from the live set; 0 when it was not there (the loser of two destroys). */
+static int commUnregister(gcommComm_t comm) {
+  int found = 0;
+  pthread_mutex_lock(&liveLock);
+  for (int i = 0; i < nLive && !found; i++)
+    if (liveComms[i] == comm) liveComms[i] = liveComms[--nLive], found = 1;
+  if (nLive == 0) free(liveComms), liveComms = NULL, liveCap = 0; /* nothing left at exit */
+  pthread_mutex_unlock(&liveLock);
+  return found;
+}
+
+static int commIsLive(gcommComm_t comm) {
+  int found = 0;
+  pthread_mutex_lock(&liveLock);
+  for (int i = 0; i < nLive && !found; i++) found = liveComms[i] == comm;
+  pthread_mutex_unlock(&liveLock);
+  return found;
+}
+
 static void commFree(gcommComm_t comm) {
   int finalized = 1;
   if (comm->threadStarted) {
@@ -1705,7 +1750,6 @@ static void commFree(gcommComm_t comm) {
   pthread_mutex_destroy(&comm->doneLock);
   pthread_cond_destroy(&comm->doneCond);
   pthread_mutex_destroy(&comm->errorLock);
-  comm->magic = 0;
   free(comm);
 }
 
@@ -1716,8 +1760,9 @@ static gcommResult_t commCreate(gcommComm_t* out, MPI_Comm mpiComm, const gcommC
     MPI_Comm_free(&mpiComm);
     return GCOMM_ERROR(NULL, gcommSystemError, -1, "out of memory");
   }
-  comm->magic = GCOMM_COMM_MAGIC;
   comm->mpiComm = mpiComm;
+  comm->owner = pthread_self();
+  comm->ownerTid = (long)syscall(SYS_gettid);
   pthread_mutex_init(&comm->postLock, NULL);
   pthread_cond_init(&comm->postCond, NULL);
   pthread_mutex_init(&comm->progressLock, NULL);
@@ -1725,6 +1770,7 @@ static gcommResult_t commCreate(gcommComm_t* out, MPI_Comm mpiComm, const gcommC
   pthread_cond_init(&comm->doneCond, NULL);
   pthread_mutex_init(&comm->errorLock, NULL);
   gcommResult_t res = commSetup(comm, config);
+  if (res == gcommSuccess) res = commRegister(comm);
   if (res != gcommSuccess) {
     snprintf(threadLastError, sizeof(threadLastError), "%s", comm->lastError);
     commFree(comm);
@@ -1754,9 +1800,10 @@ gcommResult_t gcommCommInitMPI(gcommComm_t* comm, MPI_Comm mpiComm, const gcommC
 
 static gcommResult_t checkComm(gcommComm_t comm, const char* where) {
   if (comm == NULL) return gcommSetError(NULL, gcommInvalidArgument, -1, where, "comm is NULL");
-  if (comm->magic != GCOMM_COMM_MAGIC)
+  if (!commIsLive(comm))
     return gcommSetError(NULL, gcommInvalidArgument, -1, where,
-                         "comm is not a valid communicator (destroyed?)");
+                         "comm %p is not a live communicator (destroyed already, or never made)",
+                         (void*)comm);
   return gcommSuccess;
 }
 
@@ -1803,8 +1850,17 @@ gcommResult_t gcommCommAbort(gcommComm_t comm) {
   return gcommSuccess;
 }
 
+static gcommResult_t hostWait(gcommComm_t comm);
+
 gcommResult_t gcommCommDestroy(gcommComm_t comm) {
   GCOMM_CHECK(checkComm(comm, __func__));
+  /* the group's queued operations point at comm: GroupEnd would post them to freed memory */
+  if (__atomic_load_n(&comm->inGroup, __ATOMIC_ACQUIRE))
+    return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
+                       "a group is open with work on this communicator: call gcommGroupEnd "
+                       "first, then destroy it");
+  /* unregistered first: of two destroys of one handle, only one goes on */
+  if (!commUnregister(comm)) return checkComm(comm, __func__);
   gcommResult_t res = gcommSuccess;
 #ifdef GCOMM_GPU
   if (comm->device >= 0)
@@ -1812,7 +1868,7 @@ gcommResult_t gcommCommDestroy(gcommComm_t comm) {
   else
 #endif
       if (__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
-    res = gcommWait(comm, NULL); /* outstanding work finishes first */
+    res = hostWait(comm); /* outstanding work finishes first */
   /* a rank still blocked on this one now called something this one never will */
   gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
   if (st != NULL && res == gcommSuccess &&
@@ -2122,6 +2178,10 @@ static int isReduction(int func) {
   return func == gcommFuncAllReduce || func == gcommFuncReduce || func == gcommFuncReduceScatter;
 }
 
+/* No buffer is larger than a process's address space (2^57 bytes with 5-level paging): a count
+ * beyond it is too large, before it can look like an overlap (or an in-place layout). */
+#define MAX_BUFFER_BYTES ((size_t)1 << 57)
+
 static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* where) {
   int n = comm->nranks;
   size_t inCount, outCount;
@@ -2140,6 +2200,12 @@ static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* wher
   if (op->count > SIZE_MAX / 2 / esz / (size_t)n)
     return BAD("count %zu of %s is too large", op->count, typeNames[op->datatype]);
   bufferCounts(op, comm->rank, n, &inCount, &outCount);
+  /* (no overflow: count * n * esz <= SIZE_MAX / 2 above) */
+  if ((inCount > outCount ? inCount : outCount) * esz > MAX_BUFFER_BYTES)
+    return BAD("count %zu of %s is too large: %s would use %zu bytes of one buffer, more than an "
+               "address space holds",
+               op->count, typeNames[op->datatype], funcNames[op->func],
+               (inCount > outCount ? inCount : outCount) * esz);
   if (inCount > 0 && op->sendbuff == NULL)
     return BAD("sendbuff is NULL but %s sends %zu elements from it on rank %d", funcNames[op->func],
                inCount, comm->rank);
@@ -2257,9 +2323,28 @@ static gcommResult_t launchOps(gcommComm_t comm, gcommOp_t* ops, int n, void* st
 }
 #endif
 
+/* Calls from two threads would post in an order that differs from rank to rank, and a call of
+ * one thread would meet another thread's call on the other ranks: wrong data reported as
+ * success. So a communicator's data calls come from the thread that created it, and a call from
+ * any other is refused (it changes nothing; the owner's calls go on). */
+static gcommResult_t checkOwner(gcommComm_t comm, const char* where) {
+  if (pthread_equal(pthread_self(), comm->owner)) {
+    __atomic_store_n(&comm->ownerLastCall, where, __ATOMIC_RELAXED);
+    return gcommSuccess;
+  }
+  const char* last = __atomic_load_n(&comm->ownerLastCall, __ATOMIC_RELAXED);
+  return gcommSetError(comm, gcommInvalidUsage, -1, where,
+                       "called from thread %ld, but communicator \"%s\" belongs to thread %ld, "
+                       "which created it (its last call: %s): a communicator's collective and "
+                       "point-to-point calls must all come from the thread that created it",
+                       (long)syscall(SYS_gettid), comm->name, comm->ownerTid,
+                       last ? last : "none yet");
+}
+
 static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                              const char* where) {
   GCOMM_CHECK(checkComm(comm, where));
+  GCOMM_CHECK(checkOwner(comm, where));
   if (stream != NULL && comm->device < 0)
     return gcommSetError(comm, gcommInvalidArgument, -1, where,
                          "stream must be NULL on a host communicator");
@@ -2310,7 +2395,7 @@ static gcommResult_t enqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
     comm->groupHead = op;
   comm->groupTail = op;
   if (!comm->inGroup) {
-    comm->inGroup = 1;
+    __atomic_store_n(&comm->inGroup, 1, __ATOMIC_RELEASE);
     comm->groupNext = groupComms;
     groupComms = comm;
   }
@@ -2345,7 +2430,7 @@ gcommResult_t gcommGroupEnd(void) {
     if (comm->profGroup != NULL) gcommProfGroupEnd(comm);
     comm->groupHead = comm->groupTail = NULL;
     comm->groupNext = NULL;
-    comm->inGroup = 0;
+    __atomic_store_n(&comm->inGroup, 0, __ATOMIC_RELEASE);
   }
   return res;
 }
@@ -2496,6 +2581,11 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
   if (stream != NULL)
     return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
                        "stream must be NULL on a host communicator");
+  return hostWait(comm);
+}
+
+/* gcommWait on a host communicator (also gcommCommDestroy's, after comm left the live set). */
+static gcommResult_t hostWait(gcommComm_t comm) {
   uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
   int poll = comm->params.proxyMode == GCOMM_PROXY_POLL;
   /* A waiting thread runs the passes itself, as in poll mode, and the engine thread sleeps

@@ -186,7 +186,6 @@ typedef struct {
   unsigned char devHandle[64]; /* GPU communicators: cudaIpcMemHandle_t of the FIFO region */
 } gcommCard_t;
 
-#define GCOMM_COMM_MAGIC 0x636f6d6du
 #define GCOMM_MAX_CHANNELS 128 /* GCOMM_NCHANNELS, config.nChannels */
 
 /* ---- Profiler (gcomm_profiler.h; the plugin section of gcomm.c) ---- */
@@ -221,7 +220,6 @@ void* gcommProfNetStart(gcommComm_t comm, int peer, int channel, uint64_t step, 
 void gcommProfStop(gcommComm_t comm, void* handle);
 
 struct gcommComm {
-  unsigned int magic;
   MPI_Comm mpiComm;
   int rank, nranks, device;
   int deviceSMs;     /* GPU communicators: the GPU's multiprocessors */
@@ -271,6 +269,12 @@ struct gcommComm {
   int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
   uint64_t collSeq;
   uint64_t livenessNs; /* when the engine last probed the local ranks' pids */
+
+  /* the thread that created the communicator, the only one that may enqueue on it (gcomm.h),
+   * and its last enqueued call (atomic), for the message that names a second thread */
+  pthread_t owner;
+  long ownerTid;
+  const char* ownerLastCall;
 
   /* group */
   gcommOp_t *groupHead, *groupTail;
