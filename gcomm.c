@@ -48,62 +48,70 @@ typedef struct {
   const char* const* choices; /* PARAM_ENUM */
   int64_t min, max;           /* PARAM_INT, PARAM_SIZE */
   const char* doc;
+  int shared; /* SHARED: it shapes the schedule or the wire, so every rank must have the same */
 } gcommParamDef_t;
+#define SHARED 1
+#define LOCAL 0
 
 #define PARAM_AT(field) ((int)offsetof(gcommParams_t, field))
 static const gcommParamDef_t paramTable[] = {
-    {"GCOMM_DEBUG", "WARN", PARAM_LOG, -1, NULL, 0, 0, "log level: NONE, WARN, INFO or TRACE"},
+    {"GCOMM_DEBUG", "WARN", PARAM_LOG, -1, NULL, 0, 0, "log level: NONE, WARN, INFO or TRACE",
+     LOCAL},
     {"GCOMM_DEBUG_SUBSYS", "ALL", PARAM_LOG, -1, NULL, 0, 0,
-     "comma list of INIT, COLL, P2P, PROXY, NET, SHM, TUNING, ENV, ALL; ^ excludes"},
+     "comma list of INIT, COLL, P2P, PROXY, NET, SHM, TUNING, ENV, ALL; ^ excludes", LOCAL},
     {"GCOMM_DEBUG_FILE", "", PARAM_LOG, -1, NULL, 0, 0,
-     "log to this file instead of stderr; %h is the host name, %p the pid"},
+     "log to this file instead of stderr; %h is the host name, %p the pid", LOCAL},
     {"GCOMM_ALGO", "", PARAM_ENUM, PARAM_AT(algo), algoNames, 0, 0,
-     "force the algorithm: ring, tree or direct (default: the cost model picks)"},
+     "force the algorithm: ring, tree or direct (default: the cost model picks)", SHARED},
     {"GCOMM_PROTO", "", PARAM_ENUM, PARAM_AT(proto), protoNames, 0, 0,
-     "GPU communicators: force the protocol, simple or ll (default: the cost model picks)"},
+     "GPU communicators: force the protocol, simple or ll (default: the cost model picks)", SHARED},
     {"GCOMM_NCHANNELS", "2", PARAM_INT, PARAM_AT(nChannels), NULL, 1, GCOMM_MAX_CHANNELS,
-     "parallel channels (each with its own FIFOs); config.nChannels"},
+     "parallel channels (each with its own FIFOs); config.nChannels", SHARED},
     {"GCOMM_BUFFSIZE", "1M", PARAM_SIZE, PARAM_AT(buffSize), NULL, 512, (int64_t)1 << 30,
-     "bytes of one connection FIFO (8 slots)"},
+     "bytes of one connection FIFO (8 slots)", SHARED},
     {"GCOMM_PROXY_MODE", "thread", PARAM_ENUM, PARAM_AT(proxyMode), proxyModeNames, 0, 0,
-     "thread: a progress thread per communicator; poll: the caller drives progress"},
+     "thread: a progress thread per communicator; poll: the caller drives progress", LOCAL},
     {"GCOMM_PROGRESS_APPENDOP_FREQ", "8", PARAM_INT, PARAM_AT(appendFreq), NULL, 1, 1 << 20,
-     "progress passes between fetches of newly posted operations"},
+     "progress passes between fetches of newly posted operations", LOCAL},
     {"GCOMM_PROXY_APPEND_BATCH_SIZE", "16", PARAM_INT, PARAM_AT(appendBatch), NULL, 1, 1 << 20,
-     "most operations fetched at once"},
+     "most operations fetched at once", LOCAL},
     {"GCOMM_PROXY_DUMP_SIGNAL", "0", PARAM_INT, PARAM_AT(dumpSignal), NULL, 0, 64,
-     "on this signal, print every active operation, its state and counters (0: off)"},
+     "on this signal, print every active operation, its state and counters (0: off)", LOCAL},
     {"GCOMM_TIMEOUT_MS", "300000", PARAM_INT, PARAM_AT(timeoutMs), NULL, 1, INT64_MAX / 1000000,
-     "deadline of every wait, in milliseconds"},
+     "deadline of every wait, in milliseconds", LOCAL},
     {"GCOMM_CHECK_MISMATCH", "1", PARAM_INT, PARAM_AT(checkMismatch), NULL, 0, 1,
-     "1: ranks whose calls differ (collective, count, datatype, op, root) fail naming the rank"},
+     "1: ranks whose calls differ (collective, count, datatype, op, root) fail naming the rank",
+     SHARED},
     {"GCOMM_HOSTID", "", PARAM_STR, PARAM_AT(hostId), NULL, 0, 0,
-     "ranks with the same value share a node (default: MPI_COMM_TYPE_SHARED)"},
+     "ranks with the same value share a node (default: MPI_COMM_TYPE_SHARED)", LOCAL},
     {"GCOMM_PROFILER_PLUGIN", "", PARAM_STR, PARAM_AT(profilerPlugin), NULL, 0, 0,
-     "profiler plugin: a path, or NAME for libgcomm-profiler-NAME.so (default: none)"},
+     "profiler plugin: a path, or NAME for libgcomm-profiler-NAME.so (default: none)", LOCAL},
 #ifdef GCOMM_GPU
     {"GCOMM_P2P_DISABLE", "0", PARAM_INT, PARAM_AT(p2pDisable), NULL, 0, 1,
-     "1: GPU FIFOs in pinned shared host memory instead of GPU memory shared through IPC"},
+     "1: GPU FIFOs in pinned shared host memory instead of GPU memory shared through IPC", SHARED},
     {"GCOMM_P2P_USE_CUDA_MEMCPY", "0", PARAM_INT, PARAM_AT(p2pMemcpy), NULL, 0, 1,
-     "1: GPU sends to local ranks through copy engines (cudaMemcpyAsync by the progress thread)"},
+     "1: GPU sends to local ranks through copy engines (cudaMemcpyAsync by the progress thread)",
+     SHARED},
     {"GCOMM_PDL", "1", PARAM_INT, PARAM_AT(pdl), NULL, 0, 1,
-     "0: a small GPU launch never starts before the previous one on its stream has finished"},
+     "0: a small GPU launch never starts before the previous one on its stream has finished",
+     LOCAL},
 #endif
 #ifdef GCOMM_OFI
     {"GCOMM_NET_DISABLE", "0", PARAM_INT, PARAM_AT(netDisable), NULL, 0, 1,
-     "1: refuse ranks on other nodes instead of using the network (OFI=1 builds)"},
+     "1: refuse ranks on other nodes instead of using the network (OFI=1 builds)", SHARED},
     {"GCOMM_OFI_PROVIDER", "", PARAM_STR, PARAM_AT(ofiProvider), NULL, 0, 0,
-     "libfabric provider, e.g. tcp or shm (default: the best found, tcp last; never shm)"},
+     "libfabric provider, e.g. tcp or shm (default: the best found, tcp last; never shm)", SHARED},
     {"GCOMM_OFI_IFACE", "", PARAM_STR, PARAM_AT(ofiIface), NULL, 0, 0,
-     "only use the provider's domain of this name (tcp: the interface, e.g. eth0 or lo)"},
+     "only use the provider's domain of this name (tcp: the interface, e.g. eth0 or lo)", LOCAL},
     {"GCOMM_NET_SHARED_BUFFERS", "1", PARAM_INT, PARAM_AT(netSharedBuffers), NULL, 0, 1,
-     "1: every network FIFO in one registered region; 0: one registration per FIFO"},
+     "1: every network FIFO in one registered region; 0: one registration per FIFO", LOCAL},
     {"GCOMM_NET_ENDPOINTS", "1", PARAM_INT, PARAM_AT(netEndpoints), NULL, 1, 4,
-     "network endpoints (so connections per peer); lane l uses endpoint l mod this"},
+     "network endpoints (so connections per peer); lane l uses endpoint l mod this", SHARED},
 #endif
 #if defined(GCOMM_GPU) && defined(GCOMM_OFI)
     {"GCOMM_NET_GDR", "auto", PARAM_ENUM, PARAM_AT(netGdr), netGdrNames, 0, 0,
-     "GPU comms across nodes: network FIFO slots in GPU memory (FI_HMEM): 0, 1 (required), auto"},
+     "GPU comms across nodes: network FIFO slots in GPU memory (FI_HMEM): 0, 1 (required), auto",
+     LOCAL},
 #endif
 };
 #define NPARAMS ((int)(sizeof(paramTable) / sizeof(paramTable[0])))
@@ -1418,6 +1426,53 @@ static uint64_t hashString(const char* s) {
   return h;
 }
 
+/* A parameter's value as a number every rank can compare (a string: its hash; unset: 0). */
+static int64_t paramValue(const gcommParams_t* p, const gcommParamDef_t* d) {
+  const char* field = (const char*)p + d->offset;
+  if (d->kind == PARAM_STR)
+    return *(const char* const*)field ? (int64_t)(hashString(*(const char* const*)field) | 1) : 0;
+  if (d->kind == PARAM_ENUM || d->offset == PARAM_AT(nChannels)) return *(const int*)field;
+  return *(const int64_t*)field;
+}
+
+static void paramFormat(const gcommParamDef_t* d, int64_t v, char* buf, size_t len) {
+  if (d->kind == PARAM_ENUM)
+    snprintf(buf, len, "%s", v < 0 ? "unset" : d->choices[v]);
+  else if (d->kind == PARAM_STR)
+    snprintf(buf, len, "%s", v ? "a value" : "unset");
+  else
+    snprintf(buf, len, "%lld", (long long)v);
+}
+
+/* Collective. Ranks with different algorithms, protocols or FIFO shapes would run different
+ * schedules on one set of FIFOs: wrong data or a hang, reported as nothing. One exchange of the
+ * SHARED parameters at init instead, failing on every rank with the first that differs. */
+static gcommResult_t paramsAgree(gcommComm_t comm) {
+  int64_t mine[NPARAMS];
+  int idx[NPARAMS], k = 0, n = comm->nranks;
+  for (int i = 0; i < NPARAMS; i++)
+    if (paramTable[i].shared) idx[k] = i, mine[k] = paramValue(&comm->params, &paramTable[i]), k++;
+  int64_t* all = malloc((size_t)n * k * sizeof(int64_t));
+  if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  int rc = MPI_Allgather(mine, k, MPI_INT64_T, all, k, MPI_INT64_T, comm->mpiComm);
+  gcommResult_t res = gcommSuccess;
+  for (int r = 1; r < n && rc == MPI_SUCCESS && res == gcommSuccess; r++)
+    for (int j = 0; j < k && res == gcommSuccess; j++) {
+      if (all[(size_t)r * k + j] == all[j]) continue;
+      const gcommParamDef_t* d = &paramTable[idx[j]];
+      char first[64], other[64];
+      paramFormat(d, all[j], first, sizeof(first));
+      paramFormat(d, all[(size_t)r * k + j], other, sizeof(other));
+      res = GCOMM_ERROR(comm, gcommInvalidUsage, -1,
+                        "ranks disagree on %s: rank 0 has %s, rank %d has %s (it shapes the "
+                        "schedule or the FIFOs: set it the same on every rank)",
+                        d->name, first, r, other);
+    }
+  free(all);
+  MPI_CHECK(comm, rc);
+  return res;
+}
+
 /* Which ranks share a node: MPI_COMM_TYPE_SHARED, or GCOMM_HOSTID when set, so that one machine
  * can pretend to be several nodes. The node's id is its first rank. */
 static gcommResult_t detectNode(gcommComm_t comm, uint64_t* hostId) {
@@ -1467,6 +1522,25 @@ static gcommResult_t checkConfig(const gcommConfig_t* config) {
 }
 
 static void tuningPrint(gcommComm_t comm);
+
+/* GCOMM_PROXY_DUMP_SIGNAL: only a signal nothing else needs (SIGUSR1, SIGUSR2, real-time). Any
+ * other would take one from the program or the runtime: SIGSEGV's handler returning makes a
+ * crash loop forever, SIGINT's swallows Ctrl-C, SIGKILL cannot be caught. */
+static void installDumpSignal(gcommComm_t comm) {
+  int sig = (int)comm->params.dumpSignal;
+  if (sig != SIGUSR1 && sig != SIGUSR2 && (sig < SIGRTMIN || sig > SIGRTMAX)) {
+    GCOMM_WARN(comm,
+               "GCOMM_PROXY_DUMP_SIGNAL=%d is not SIGUSR1 (%d), SIGUSR2 (%d) or a real-time "
+               "signal (%d..%d): dumps on a signal are off",
+               sig, SIGUSR1, SIGUSR2, SIGRTMIN, SIGRTMAX);
+    return;
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = dumpSignalHandler;
+  sa.sa_flags = SA_RESTART;
+  sigaction(sig, &sa, NULL);
+}
 
 /* GPU communicators whose ranks span nodes: channels by default (GCOMM_NCHANNELS). Each lane
  * to a remote rank pins a send and a receive FIFO of host memory: with 4 MB FIFOs, 4 collective
@@ -1549,6 +1623,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   MPI_CHECK(comm, MPI_Comm_size(comm->mpiComm, &comm->nranks));
   paramsLoad(comm, config);
   paramsPrint(comm);
+  GCOMM_CHECK(paramsAgree(comm));
   comm->device = GCOMM_DEVICE_HOST;
   snprintf(comm->name, sizeof(comm->name), "%s",
            config && config->commName ? config->commName : "");
@@ -1659,13 +1734,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
                spansNodes(comm) ? "spans nodes" : "sends through copy engines");
 #endif
 
-  if (comm->params.dumpSignal > 0) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = dumpSignalHandler;
-    sa.sa_flags = SA_RESTART;
-    sigaction((int)comm->params.dumpSignal, &sa, NULL);
-  }
+  if (comm->params.dumpSignal > 0) installDumpSignal(comm);
   GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
              "comm \"%s\" rank %d/%d: %d local ranks, %d channels, %zu-byte FIFO slots, proxy "
              "%s, pid %d",
@@ -2202,10 +2271,11 @@ static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* wher
   bufferCounts(op, comm->rank, n, &inCount, &outCount);
   /* (no overflow: count * n * esz <= SIZE_MAX / 2 above) */
   if ((inCount > outCount ? inCount : outCount) * esz > MAX_BUFFER_BYTES)
-    return BAD("count %zu of %s is too large: %s would use %zu bytes of one buffer, more than an "
-               "address space holds",
-               op->count, typeNames[op->datatype], funcNames[op->func],
-               (inCount > outCount ? inCount : outCount) * esz);
+    return BAD(
+        "count %zu of %s is too large: %s would use %zu bytes of one buffer, more than an "
+        "address space holds",
+        op->count, typeNames[op->datatype], funcNames[op->func],
+        (inCount > outCount ? inCount : outCount) * esz);
   if (inCount > 0 && op->sendbuff == NULL)
     return BAD("sendbuff is NULL but %s sends %zu elements from it on rank %d", funcNames[op->func],
                inCount, comm->rank);
