@@ -1427,13 +1427,22 @@ static gcommResult_t postOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail,
   } while (0)
 
 /* Every rank learns whether every rank succeeded, so that no rank waits in a later collective
- * step for a rank that has given up. */
+ * step for a rank that has given up; and the ranks that succeeded learn why one failed (its
+ * message: the cause, e.g. a full /dev/shm, at every rank). */
 static gcommResult_t agree(gcommComm_t comm, gcommResult_t mine, const char* what) {
-  int worst = mine;
-  MPI_CHECK(comm, MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_INT, MPI_MAX, comm->mpiComm));
-  if (worst != gcommSuccess && mine == gcommSuccess)
-    return GCOMM_ERROR(comm, gcommRemoteError, -1, "another rank failed during %s", what);
-  return (gcommResult_t)worst == gcommSuccess ? gcommSuccess : mine;
+  struct {
+    int code, rank;
+  } worst = {(int)mine, comm->rank};
+  MPI_CHECK(comm, MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_2INT, MPI_MAXLOC, comm->mpiComm));
+  if (worst.code == gcommSuccess) return gcommSuccess;
+  char why[512];
+  pthread_mutex_lock(&comm->errorLock);
+  snprintf(why, sizeof(why), "%.*s", (int)sizeof(why) - 1, comm->lastError);
+  pthread_mutex_unlock(&comm->errorLock);
+  MPI_CHECK(comm, MPI_Bcast(why, sizeof(why), MPI_CHAR, worst.rank, comm->mpiComm));
+  if (mine != gcommSuccess) return mine;
+  return GCOMM_ERROR(comm, gcommRemoteError, worst.rank, "rank %d failed during %s: %s", worst.rank,
+                     what, why);
 }
 
 static uint64_t hashString(const char* s) {

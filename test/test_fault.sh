@@ -14,6 +14,10 @@
 #   hang  test_fault with TEST_FAULT_HANG=2 on 4 ranks: rank 2 skips a collective, the others
 #         hang. Every rank is sent GCOMM_PROXY_DUMP_SIGNAL; tools/hang_report.py, given every
 #         rank's log, must say that rank 2 is behind.
+#   init  test_init in hostile environments: GCOMM_ALGO set differently on two ranks (MPMD
+#         launch line): init fails on both naming it; 8 ranks in a 64 MB /dev/shm (a mount
+#         namespace; root only): a clear error at init naming --shm-size, never a signal, and
+#         with smaller FIFOs a working communicator
 #   soak  test_soak on 4 ranks (TEST_SOAK_SMALL small and TEST_SOAK_LARGE large collectives):
 #         memory, file descriptors and /dev/shm stable (the program checks and prints them).
 #
@@ -116,6 +120,42 @@ if [ "$rc" = 0 ] && grep -q '^verdict: .*: rank 2 behind' "$tmp/report"; then
   pass "hang: tools/hang_report.py says rank 2 is behind, from the dumps of all 4 ranks"
 else
   fail "hang: tools/hang_report.py did not name rank 2 (exit $rc)"
+fi
+
+# ---- init in hostile environments (test_init) ----
+# Runs test_init under mpiexec with the arguments given; its PASS/FAIL lines count, and a non-zero
+# exit (a signal, an MPI abort) is one more failure.
+runInit() {
+  local what=$1
+  shift
+  echo "== init: $what"
+  timeout -k 5 120 "$@" >"$out" 2>"$tmp/err"
+  local rc=$?
+  sed -E "s#^(PASS|FAIL) init:#\1 init ($what):#" "$out" | grep -E '^(PASS|FAIL|#) '
+  passed=$((passed + $(grep -c '^PASS ' "$out")))
+  failed=$((failed + $(grep -c '^FAIL ' "$out")))
+  if [ "$rc" != 0 ]; then
+    fail "init ($what): exited with status $rc"
+    grep -v 'GCOMM WARN' "$tmp/err" | tail -5
+  fi
+}
+
+# ranks that set GCOMM_ALGO differently, as users do with MPMD launch lines
+TEST_INIT_REFUSAL="ranks disagree on GCOMM_ALGO" runInit "GCOMM_ALGO ring on rank 0, tree on rank 1" \
+  "$MPIEXEC" "${mpiexec_flags[@]}" -n 1 env GCOMM_ALGO=ring "$BUILD/test/test_init" : \
+  -n 1 env GCOMM_ALGO=tree "$BUILD/test/test_init"
+
+# Docker's default /dev/shm (64 MB), in a mount namespace of its own (needs root; else skipped):
+# 8 ranks with the default FIFOs do not fit (a clear error at init, naming the remedy), smaller
+# FIFOs do (the 1 MiB all-to-all runs)
+if unshare -m true 2>/dev/null; then
+  small=(unshare -m sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"' sh)
+  TEST_INIT_REFUSAL="docker run --shm-size" runInit "8 ranks, a 64 MB /dev/shm" \
+    "${small[@]}" "$MPIEXEC" "${mpiexec_flags[@]}" -n 8 "$BUILD/test/test_init"
+  GCOMM_BUFFSIZE=128K GCOMM_NCHANNELS=1 runInit "8 ranks, a 64 MB /dev/shm, GCOMM_BUFFSIZE=128K" \
+    "${small[@]}" "$MPIEXEC" "${mpiexec_flags[@]}" -n 8 "$BUILD/test/test_init"
+else
+  echo "# init: no mount namespace here (unshare -m needs root): the small /dev/shm runs are skipped"
 fi
 
 # ---- soak ----

@@ -3,12 +3,12 @@
  *
  * Each rank owns one segment holding the FIFOs that it receives on: one per local sender (itself
  * included, for self sends) and lane. Senders map the receiver's segment and write into it. The
- * segment is sparse (tmpfs allocates a page when it is first touched), so FIFOs that an
- * algorithm never uses cost nothing. Names are unlinked as soon as every rank has mapped them:
- * the memory then lives exactly as long as the processes that map it, even after a crash.
- * The segment's last page holds the rank's gcommStatus_t (its error, its current collectives).
- * A caller may reserve an area before it (gcommShmArea): a GPU communicator's FIFO region when it
- * is staged through host memory (transports/p2p.c); that area is allocated whole at creation.
+ * segment's pages are all reserved at creation (posix_fallocate), so that a /dev/shm too small
+ * for them is an error at init, not a SIGBUS in the middle of a collective. Names are unlinked as
+ * soon as every rank has mapped them: the memory then lives exactly as long as the processes that
+ * map it, even after a crash. The segment's last page holds the rank's gcommStatus_t (its error,
+ * its current collectives). A caller may reserve an area before it (gcommShmArea): a GPU
+ * communicator's FIFO region when it is staged through host memory (transports/p2p.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,6 +38,23 @@ _Static_assert(sizeof(gcommStatus_t) <= STATUS_BYTES, "gcommStatus_t fits its pa
 static size_t fifoBytes(gcommComm_t comm) {
   size_t b = sizeof(gcommFifo_t) + GCOMM_STEPS * comm->slotBytes;
   return (b + 4095) & ~(size_t)4095;
+}
+
+/* Why a segment could not be reserved, with what it takes: every local rank reserves one. */
+static gcommResult_t noRoom(gcommComm_t comm, int err) {
+  struct gcommShm* shm = comm->shm;
+  struct statvfs fs;
+  unsigned long long freeMb =
+      statvfs("/dev/shm", &fs) == 0 ? (unsigned long long)fs.f_bavail * fs.f_frsize >> 20 : 0;
+  unsigned long long needMb =
+      ((unsigned long long)shm->segBytes * comm->nLocal + (1 << 20) - 1) >> 20;
+  return gcommSetError(comm, gcommSystemError, -1, "gcommShmCreate",
+                       "cannot reserve %zu bytes in /dev/shm for this rank's FIFOs (%s): the %d "
+                       "ranks of this node need %llu MB, /dev/shm has %llu MB free. Give it more "
+                       "(docker run --shm-size=%lluM or more), or lower GCOMM_BUFFSIZE (%zu bytes "
+                       "a FIFO now) or GCOMM_NCHANNELS (%d now)",
+                       shm->segBytes, strerror(err), comm->nLocal, needMb, freeMb, needMb + 64,
+                       (size_t)GCOMM_STEPS * comm->slotBytes, comm->nChannels);
 }
 
 gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaBytes) {
@@ -69,16 +87,13 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaByt
     return GCOMM_ERROR(comm, gcommSystemError, -1, "ftruncate(%s, %zu): %s", card->shmName,
                        shm->segBytes, strerror(err));
   }
-  /* the area is used whole (pinned for a GPU): take its pages now, so that a full /dev/shm is an
-   * error here rather than a SIGBUS at the first touch of a page tmpfs cannot provide */
-  int err = shm->areaBytes ? posix_fallocate(fd, (off_t)shm->areaOff, (off_t)shm->areaBytes) : 0;
-  if (err != 0) {
+  /* take every page now: a full /dev/shm is then an error here, naming the remedy, rather than
+   * a SIGBUS at the first touch of a page tmpfs cannot provide (Docker gives 64 MB by default) */
+  int err = posix_fallocate(fd, 0, (off_t)shm->segBytes);
+  if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
     close(fd);
     gcommShmUnlink(comm);
-    return GCOMM_ERROR(comm, gcommSystemError, -1,
-                       "%s: no room in /dev/shm for the %zu-byte GPU FIFO area (%s): enlarge "
-                       "/dev/shm, or lower GCOMM_BUFFSIZE or GCOMM_NCHANNELS",
-                       card->shmName, shm->areaBytes, strerror(err));
+    return noRoom(comm, err);
   }
   void* p = mmap(NULL, shm->segBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   err = errno;
