@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <sched.h>
 #include <signal.h>
@@ -213,14 +214,16 @@ static const char* const subsysNames[] = {"INIT", "COLL",   "P2P", "PROXY",   "N
 
 static const char* const logLevels[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
 
-/* GCOMM_DEBUG_SUBSYS: a mask of subsystems. */
+/* GCOMM_DEBUG_SUBSYS: a mask of subsystems, or -1 when a name is not one (the caller keeps the
+ * default: a typo must not silence every message). */
 static int parseSubsys(const char* subsys) {
   char buf[256];
   int exclude = subsys[0] == '^', mask = 0;
   snprintf(buf, sizeof(buf), "%s", subsys + exclude);
   for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     int i = parseEnum(tok, subsysNames);
-    mask |= i >= 0 ? 1 << i : strcasecmp(tok, "ALL") == 0 ? GCOMM_SUBSYS_ALL : 0;
+    if (i < 0 && strcasecmp(tok, "ALL") != 0) return -1;
+    mask |= i >= 0 ? 1 << i : GCOMM_SUBSYS_ALL;
   }
   return exclude ? (GCOMM_SUBSYS_ALL & ~mask) : mask;
 }
@@ -240,19 +243,51 @@ static void expandPath(const char* pattern, char* path, size_t size) {
   path[n] = 0;
 }
 
+/* GCOMM_DEBUG_FILE: created 0600 (a log names hosts, pids and buffers), appended to, and never
+ * through a symbolic link (another user's /tmp/x -> /root/file would make this job write
+ * there). NULL with errno set when it cannot be opened. */
+static void logWrite(int level, gcommComm_t comm, const char* where, const char* msg);
+
+static FILE* openLogFile(const char* path) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+  FILE* f = fd >= 0 ? fdopen(fd, "a") : NULL;
+  if (f == NULL && fd >= 0) close(fd);
+  return f;
+}
+
 static void logInit(void) {
+  char bad[3][PATH_MAX + 160];
+  int nBad = 0;
   gethostname(hostName, sizeof(hostName) - 1);
   const char* level = getenv("GCOMM_DEBUG");
-  if (level != NULL && parseEnum(level, logLevels) >= 0) logLevel = parseEnum(level, logLevels);
+  if (level != NULL && level[0] != 0 && parseEnum(level, logLevels) < 0)
+    snprintf(bad[nBad++], sizeof(bad[0]),
+             "GCOMM_DEBUG=\"%.64s\" is not a level (NONE, WARN, INFO or TRACE): using WARN", level);
+  else if (level != NULL && level[0] != 0)
+    logLevel = parseEnum(level, logLevels);
   const char* subsys = getenv("GCOMM_DEBUG_SUBSYS");
-  if (subsys != NULL) logSubsys = parseSubsys(subsys);
+  int mask = subsys != NULL && subsys[0] != 0 ? parseSubsys(subsys) : GCOMM_SUBSYS_ALL;
+  if (mask < 0)
+    snprintf(bad[nBad++], sizeof(bad[0]),
+             "GCOMM_DEBUG_SUBSYS=\"%.64s\" names no subsystem of INIT, COLL, P2P, PROXY, NET, "
+             "SHM, TUNING, ENV, PROFILE, ALL: using ALL",
+             subsys);
+  else
+    logSubsys = mask;
   const char* file = getenv("GCOMM_DEBUG_FILE");
   if (file != NULL && file[0] != 0) {
     char path[PATH_MAX];
     expandPath(file, path, sizeof(path));
-    logFile = fopen(path, "a");
+    logFile = openLogFile(path);
+    if (logFile == NULL)
+      snprintf(bad[nBad++], sizeof(bad[0]),
+               "GCOMM_DEBUG_FILE: cannot open %s (%s; a symbolic link is refused): logging to "
+               "stderr",
+               path, strerror(errno));
   }
   if (logFile == NULL) logFile = stderr;
+  for (int i = 0; i < nBad && logLevel >= GCOMM_LOG_WARN; i++)
+    logWrite(GCOMM_LOG_WARN, NULL, "logInit", bad[i]);
 }
 
 int gcommLogEnabled(int level, int subsys) {
@@ -383,44 +418,53 @@ static uint64_t backoff(uint64_t* idleSince, int mayNap) {
 typedef void (*reduceFn_t)(void* dst, const void* a, const void* b, size_t n);
 typedef void (*divideFn_t)(void* buf, size_t n, int nranks);
 
+/* Loads and stores through memcpy: the caller's buffers may sit at any byte address (a double
+ * at +1 is legal C data in a char buffer), where a plain T access is undefined; the compiler
+ * turns a fixed-size memcpy into one (vectorised, unaligned) load or store. */
+#define LOAD(T, p, i)                                           \
+  ({                                                            \
+    T v_;                                                       \
+    memcpy(&v_, (const char*)(p) + (i) * sizeof(T), sizeof(T)); \
+    v_;                                                         \
+  })
+#define STORE(T, p, i, v)                                 \
+  do {                                                    \
+    T v_ = (v);                                           \
+    memcpy((char*)(p) + (i) * sizeof(T), &v_, sizeof(T)); \
+  } while (0)
 #define DEFINE_REDUCE(NAME, T, EXPR)                                    \
   static void NAME(void* dst, const void* a, const void* b, size_t n) { \
-    T* d = (T*)dst;                                                     \
-    const T* x = (const T*)a;                                           \
-    const T* y = (const T*)b;                                           \
     for (size_t i = 0; i < n; i++) {                                    \
-      T A = x[i], B = y[i];                                             \
-      d[i] = (EXPR);                                                    \
+      T A = LOAD(T, a, i), B = LOAD(T, b, i);                           \
+      STORE(T, dst, i, (EXPR));                                         \
     }                                                                   \
   }
 /* Integers: Sum and Prod in the unsigned type, so that overflow wraps instead of being UB. */
-#define DEFINE_INT(NAME, T, UT)                                  \
-  DEFINE_REDUCE(NAME##Sum, T, (T)((UT)A + (UT)B))                \
-  DEFINE_REDUCE(NAME##Prod, T, (T)((UT)A * (UT)B))               \
-  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                     \
-  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                     \
-  static void NAME##Div(void* buf, size_t n, int nranks) {       \
-    T* d = (T*)buf;                                              \
-    for (size_t i = 0; i < n; i++) d[i] = (T)(d[i] / (T)nranks); \
+#define DEFINE_INT(NAME, T, UT)                                                        \
+  DEFINE_REDUCE(NAME##Sum, T, (T)((UT)A + (UT)B))                                      \
+  DEFINE_REDUCE(NAME##Prod, T, (T)((UT)A * (UT)B))                                     \
+  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                                           \
+  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                                           \
+  static void NAME##Div(void* buf, size_t n, int nranks) {                             \
+    for (size_t i = 0; i < n; i++) STORE(T, buf, i, (T)(LOAD(T, buf, i) / (T)nranks)); \
   }
-#define DEFINE_FLOAT(NAME, T)                               \
-  DEFINE_REDUCE(NAME##Sum, T, A + B)                        \
-  DEFINE_REDUCE(NAME##Prod, T, A* B)                        \
-  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                \
-  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                \
-  static void NAME##Div(void* buf, size_t n, int nranks) {  \
-    T* d = (T*)buf;                                         \
-    for (size_t i = 0; i < n; i++) d[i] = d[i] / (T)nranks; \
+#define DEFINE_FLOAT(NAME, T)                                                     \
+  DEFINE_REDUCE(NAME##Sum, T, A + B)                                              \
+  DEFINE_REDUCE(NAME##Prod, T, A* B)                                              \
+  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                                      \
+  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                                      \
+  static void NAME##Div(void* buf, size_t n, int nranks) {                        \
+    for (size_t i = 0; i < n; i++) STORE(T, buf, i, LOAD(T, buf, i) / (T)nranks); \
   }
 /* 16-bit floats: widen to float, combine, round once. */
-#define DEFINE_HALF(NAME, TOF, FROMF)                                       \
-  DEFINE_REDUCE(NAME##Sum, uint16_t, FROMF(TOF(A) + TOF(B)))                \
-  DEFINE_REDUCE(NAME##Prod, uint16_t, FROMF(TOF(A) * TOF(B)))               \
-  DEFINE_REDUCE(NAME##Max, uint16_t, TOF(A) > TOF(B) ? A : B)               \
-  DEFINE_REDUCE(NAME##Min, uint16_t, TOF(A) < TOF(B) ? A : B)               \
-  static void NAME##Div(void* buf, size_t n, int nranks) {                  \
-    uint16_t* d = (uint16_t*)buf;                                           \
-    for (size_t i = 0; i < n; i++) d[i] = FROMF(TOF(d[i]) / (float)nranks); \
+#define DEFINE_HALF(NAME, TOF, FROMF)                                              \
+  DEFINE_REDUCE(NAME##Sum, uint16_t, FROMF(TOF(A) + TOF(B)))                       \
+  DEFINE_REDUCE(NAME##Prod, uint16_t, FROMF(TOF(A) * TOF(B)))                      \
+  DEFINE_REDUCE(NAME##Max, uint16_t, TOF(A) > TOF(B) ? A : B)                      \
+  DEFINE_REDUCE(NAME##Min, uint16_t, TOF(A) < TOF(B) ? A : B)                      \
+  static void NAME##Div(void* buf, size_t n, int nranks) {                         \
+    for (size_t i = 0; i < n; i++)                                                 \
+      STORE(uint16_t, buf, i, FROMF(TOF(LOAD(uint16_t, buf, i)) / (float)nranks)); \
   }
 
 DEFINE_INT(i8, int8_t, uint8_t)

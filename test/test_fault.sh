@@ -18,6 +18,9 @@
 #         launch line): init fails on both naming it; 8 ranks in a 64 MB /dev/shm (a mount
 #         namespace; root only): a clear error at init naming --shm-size, never a signal, and
 #         with smaller FIFOs a working communicator
+#   log   GCOMM_DEBUG=WRN, GCOMM_DEBUG_SUBSYS=abc: a warning naming the valid values, and the
+#         other warnings still shown; GCOMM_DEBUG_FILE through a symbolic link: refused with a
+#         warning on stderr; a new log file has mode 0600
 #   soak  test_soak on 4 ranks (TEST_SOAK_SMALL small and TEST_SOAK_LARGE large collectives):
 #         memory, file descriptors and /dev/shm stable (the program checks and prints them).
 #
@@ -157,6 +160,29 @@ if unshare -m true 2>/dev/null; then
 else
   echo "# init: no mount namespace here (unshare -m needs root): the small /dev/shm runs are skipped"
 fi
+
+# ---- logging settings that are wrong must say so, never silence warnings ----
+# Runs test_init on 1 rank under the environment given; $1: what stderr must contain.
+expectStderr() {
+  local want=$1
+  shift
+  env "$@" timeout -k 5 60 "$MPIEXEC" "${mpiexec_flags[@]}" -n 1 "$BUILD/test/test_init" >"$out" 2>"$tmp/err"
+  if [ $? = 0 ] && grep -qF "$want" "$tmp/err"; then pass "log ($*): stderr says \"$want\""
+  else fail "log ($*): stderr does not say \"$want\": $(head -c 600 "$tmp/err")"; fi
+}
+echo "== logging: bad GCOMM_DEBUG, GCOMM_DEBUG_SUBSYS and GCOMM_DEBUG_FILE"
+expectStderr 'GCOMM_NCHANNELS="abc" is not valid' GCOMM_DEBUG_SUBSYS=abc GCOMM_NCHANNELS=abc
+expectStderr 'GCOMM_DEBUG_SUBSYS="abc" names no subsystem' GCOMM_DEBUG_SUBSYS=abc
+expectStderr 'GCOMM_DEBUG="WRN" is not a level (NONE, WARN, INFO or TRACE)' GCOMM_DEBUG=WRN
+ln -s "$tmp/target" "$tmp/link"
+expectStderr "GCOMM_DEBUG_FILE: cannot open $tmp/link" GCOMM_DEBUG_FILE="$tmp/link"
+if [ -e "$tmp/target" ]; then fail "log: GCOMM_DEBUG_FILE followed a symbolic link and created its target"
+else pass "log: GCOMM_DEBUG_FILE through a symbolic link: refused, its target not created"; fi
+GCOMM_DEBUG=INFO GCOMM_DEBUG_FILE="$tmp/log.%p" timeout -k 5 60 "$MPIEXEC" "${mpiexec_flags[@]}" -n 1 \
+  "$BUILD/test/test_init" >"$out" 2>&1
+mode=$(stat -c %a "$tmp"/log.* 2>/dev/null | head -1)
+if [ "$mode" = 600 ]; then pass "log: GCOMM_DEBUG_FILE is created with mode 0600"
+else fail "log: GCOMM_DEBUG_FILE has mode ${mode:-(not created)}, not 0600"; fi
 
 # ---- soak ----
 echo "== test_soak: 4 ranks"
