@@ -943,7 +943,7 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
 /* Whether process pid is gone or a zombie: a killed rank stays a zombie until its parent reaps
  * it, and launchers (MPICH's hydra, Open MPI's prted) may not do so before the job ends, while
  * kill(pid, 0) still finds it. /proc/<pid>/stat's state ("pid (comm) S ...") says Z or X then. */
-static int processIsDead(pid_t pid) {
+int gcommProcessIsDead(pid_t pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
   char path[64], buf[512];
   snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
@@ -960,7 +960,7 @@ static int processIsDead(pid_t pid) {
  * very machine can be probed (GCOMM_HOSTID nodes may share one): compare real host names. */
 static int peerIsDead(gcommComm_t comm, int peer) {
   if (strcmp(comm->cards[peer].host, comm->cards[comm->rank].host) != 0) return 0;
-  return processIsDead(comm->cards[peer].pid);
+  return gcommProcessIsDead(comm->cards[peer].pid);
 }
 
 /* Whether local rank q can still serve w: alive (deathOnly), or else not stopped on an error and

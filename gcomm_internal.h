@@ -54,6 +54,8 @@ gcommResult_t gcommSetError(gcommComm_t comm, gcommResult_t res, int peer, const
   } while (0)
 
 uint64_t gcommNowNs(void);
+/* Whether process pid (of this machine) is gone or a zombie. */
+int gcommProcessIsDead(pid_t pid);
 /* "AllReduce", "Broadcast", ... for logs and errors. */
 const char* gcommFuncName(int func);
 /* A rank's index among the ranks of its node (cards must be filled). */

@@ -21,6 +21,8 @@
 #   log   GCOMM_DEBUG=WRN, GCOMM_DEBUG_SUBSYS=abc: a warning naming the valid values, and the
 #         other warnings still shown; GCOMM_DEBUG_FILE through a symbolic link: refused with a
 #         warning on stderr; a new log file has mode 0600
+#   stale a segment named as gcomm names them, of a pid that no longer exists, is removed by the
+#         next init; one of a live pid, or of another pid namespace, is kept
 #   soak  test_soak on 4 ranks (TEST_SOAK_SMALL small and TEST_SOAK_LARGE large collectives):
 #         memory, file descriptors and /dev/shm stable (the program checks and prints them).
 #
@@ -183,6 +185,22 @@ GCOMM_DEBUG=INFO GCOMM_DEBUG_FILE="$tmp/log.%p" timeout -k 5 60 "$MPIEXEC" "${mp
 mode=$(stat -c %a "$tmp"/log.* 2>/dev/null | head -1)
 if [ "$mode" = 600 ]; then pass "log: GCOMM_DEBUG_FILE is created with mode 0600"
 else fail "log: GCOMM_DEBUG_FILE has mode ${mode:-(not created)}, not 0600"; fi
+
+# ---- segments left by a job killed during init: the next init removes them ----
+echo "== leftover segments: one of a dead process (removed), of a live one and of another pid namespace (kept)"
+ns=$(stat -L -c %i /proc/self/ns/pid)
+sh -c 'exit 0' &
+dead=$!
+wait $dead
+stale=gcomm-$dead-$ns-0-0-1 live=gcomm-$$-$ns-0-0-2 other=gcomm-$dead-1-0-0-3
+for f in $stale $live $other; do (umask 077 && : >"/dev/shm/$f"); done
+timeout -k 5 60 "$MPIEXEC" "${mpiexec_flags[@]}" -n 1 "$BUILD/test/test_init" >"$out" 2>&1
+if [ ! -e "/dev/shm/$stale" ] && [ -e "/dev/shm/$live" ] && [ -e "/dev/shm/$other" ]; then
+  pass "leftover segments: init removed the dead process's, kept the live one's and the other namespace's"
+else
+  fail "leftover segments: after init: $(cd /dev/shm && ls -d $stale $live $other 2>/dev/null | tr '\n' ' ')(expected $live $other)"
+fi
+rm -f "/dev/shm/$stale" "/dev/shm/$live" "/dev/shm/$other"
 
 # ---- soak ----
 echo "== test_soak: 4 ranks"

@@ -10,6 +10,7 @@
  * its current collectives). A caller may reserve an area before it (gcommShmArea): a GPU
  * communicator's FIFO region when it is staged through host memory (transports/p2p.c).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -57,6 +58,37 @@ static gcommResult_t noRoom(gcommComm_t comm, int err) {
                        (size_t)GCOMM_STEPS * comm->slotBytes, comm->nChannels);
 }
 
+/* The inode of this process's pid namespace (0: unknown): segment names carry it, so that a pid
+ * in a name is only ever judged in the namespace it belongs to. */
+static unsigned long pidNamespace(void) {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? (unsigned long)st.st_ino : 0;
+}
+
+/* A job killed between creating its segments and unlinking them (an init takes a few ms) leaves
+ * them in /dev/shm. Removes those of this user whose creator, by the pid and namespace in the
+ * name, no longer exists; never another live job's, nor a name gcomm did not make. */
+static void removeStaleSegments(unsigned long ns) {
+  DIR* dir = ns ? opendir("/dev/shm") : NULL;
+  if (dir == NULL) return;
+  for (struct dirent* e; (e = readdir(dir)) != NULL;) {
+    int pid, end = 0;
+    unsigned long segNs;
+    struct stat st;
+    if (sscanf(e->d_name, "gcomm-%d-%lu-%*u-%*d-%*x%n", &pid, &segNs, &end) != 2 ||
+        e->d_name[end] != 0 || segNs != ns || pid <= 0 || !gcommProcessIsDead(pid) ||
+        fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != geteuid() ||
+        !S_ISREG(st.st_mode))
+      continue;
+    char name[300];
+    snprintf(name, sizeof(name), "/%s", e->d_name);
+    if (shm_unlink(name) == 0)
+      GCOMM_INFO(GCOMM_SUBSYS_SHM, NULL, "removed %s, left by process %d, which is gone", name,
+                 pid);
+  }
+  closedir(dir);
+}
+
 gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaBytes) {
   static unsigned counter;
   struct gcommShm* shm = calloc(1, sizeof(*shm));
@@ -68,11 +100,14 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaByt
   shm->areaOff = shm->fifoBytes * comm->nLanes * comm->nLocal; /* page-aligned: so is fifoBytes */
   shm->areaBytes = (areaBytes + 4095) & ~(size_t)4095;
   shm->segBytes = shm->areaOff + shm->areaBytes + STATUS_BYTES;
-  /* pid, a counter and the clock: a segment left by a dead process that had this pid (killed
-   * between create and unlink; pids wrap) cannot collide with this one (CI met one such) */
+  /* pid, pid namespace, a counter, the rank and the clock: a segment left by a dead process that
+   * had this pid (killed between create and unlink; pids wrap) cannot collide with this one (CI
+   * met one such), and the next init on this machine removes it (removeStaleSegments) */
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
-  snprintf(card->shmName, sizeof(card->shmName), "/gcomm-%d-%u-%d-%lx", (int)getpid(),
+  unsigned long ns = pidNamespace();
+  removeStaleSegments(ns);
+  snprintf(card->shmName, sizeof(card->shmName), "/gcomm-%d-%lu-%u-%d-%lx", (int)getpid(), ns,
            __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED), comm->rank,
            (unsigned long)now.tv_sec * 1000000000ul + (unsigned long)now.tv_nsec);
   snprintf(shm->name, sizeof(shm->name), "%s", card->shmName);
