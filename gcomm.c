@@ -963,45 +963,46 @@ static int peerIsDead(gcommComm_t comm, int peer) {
   return gcommProcessIsDead(comm->cards[peer].pid);
 }
 
-/* Whether local rank q can still serve w: alive (deathOnly), or else not stopped on an error and
- * (the awaited peer of a collective) not in a different call at the same sequence number. Fails w
- * naming q. */
+/* What a blocked work probes in local rank q, in this order over every rank (the cause first):
+ * its death; a different call at the same sequence number (its status page: e.g. another root,
+ * where no data flows, so no slot word can tell); the error that stopped it. */
+enum { PROBE_DEATH, PROBE_CALL, PROBE_STOP, PROBE_PHASES };
+
+/* Whether local rank q can still serve w, by one phase of probes. Fails w naming q. */
 static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, uint64_t waitedMs,
-                               int deathOnly) {
+                               int phase) {
   const gcommOp_t* op = w->op;
   char at[192];
   snprintf(at, sizeof(at), "%s (seq %llu) lane %d step %ld/%ld, waiting %llu ms to %s rank %d",
            funcNames[op->func], (unsigned long long)op->seq, w->lane, w->step, w->nSteps,
            (unsigned long long)waitedMs, w->waitRecv ? "receive from" : "send to", w->waitPeer);
-  if (deathOnly)
+  if (phase == PROBE_DEATH)
     return peerIsDead(comm, q)
                ? gcommSetError(comm, gcommRemoteError, q, "progress", "%s: rank %d has died", at, q)
                : gcommSuccess;
   gcommStatus_t* st = gcommShmStatus(comm, q);
   if (st == NULL) return gcommSuccess;
+  int isColl = op->func != gcommFuncSend && op->func != gcommFuncRecv;
+  if (phase == PROBE_CALL) {
+    if (!isColl || op->tag == 0 || w->lane >= GCOMM_STATUS_LANES) return gcommSuccess;
+    uint64_t cur = __atomic_load_n(&st->current[w->lane], __ATOMIC_ACQUIRE);
+    if ((uint32_t)(cur >> 32) != (uint32_t)(op->seq + 1) || (uint32_t)cur == op->tag)
+      return gcommSuccess;
+    char what[256];
+    gcommDescribeMismatch(what, sizeof(what), GCOMM_SLOT_WORD((uint32_t)cur, 0),
+                          GCOMM_SLOT_WORD(op->tag, 0));
+    return gcommSetError(comm, gcommInvalidUsage, q, "progress",
+                         "%s: rank %d made a different call: %s", at, q, what);
+  }
   int code = __atomic_load_n(&st->code, __ATOMIC_ACQUIRE);
   /* A rank that finished all its work and destroyed the communicator stops only the ranks that
    * wait on it directly (it will never send or drain again); others wait on slower ranks. */
-  if (code != 0 && st->finished && q != w->waitPeer) return gcommSuccess;
-  if (code != 0) {
-    char msg[sizeof(st->msg)];
-    memcpy(msg, st->msg, sizeof(msg));
-    msg[sizeof(msg) - 1] = 0;
-    return gcommSetError(comm, code == gcommInvalidUsage ? gcommInvalidUsage : gcommRemoteError, q,
-                         "progress", "%s: rank %d stopped: %s", at, q, msg);
-  }
-  int isColl = op->func != gcommFuncSend && op->func != gcommFuncRecv;
-  if (q == w->waitPeer && isColl && op->tag != 0 && w->lane < GCOMM_STATUS_LANES) {
-    uint64_t cur = __atomic_load_n(&st->current[w->lane], __ATOMIC_ACQUIRE);
-    if ((uint32_t)(cur >> 32) == (uint32_t)(op->seq + 1) && (uint32_t)cur != op->tag) {
-      char what[256];
-      gcommDescribeMismatch(what, sizeof(what), GCOMM_SLOT_WORD((uint32_t)cur, 0),
-                            GCOMM_SLOT_WORD(op->tag, 0));
-      return gcommSetError(comm, gcommInvalidUsage, q, "progress",
-                           "%s: rank %d made a different call: %s", at, q, what);
-    }
-  }
-  return gcommSuccess;
+  if (code == 0 || (st->finished && q != w->waitPeer)) return gcommSuccess;
+  char msg[sizeof(st->msg)];
+  memcpy(msg, st->msg, sizeof(msg));
+  msg[sizeof(msg) - 1] = 0;
+  return gcommSetError(comm, code == gcommInvalidUsage ? gcommInvalidUsage : gcommRemoteError, q,
+                       "progress", "%s: rank %d stopped: %s", at, q, msg);
 }
 
 /* Publishes the collective w's lane is in (gcommStatus_t.current) for blocked peers' checks. */
@@ -1032,15 +1033,14 @@ static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int
   const gcommOp_t* op = w->op;
   /* A dead or stopped rank never fills or drains its FIFOs, and the ranks behind it stop when
    * they notice, so the awaited peer may be alive but stuck: after 100 ms of waiting, probe every
-   * local rank every 50 ms: deaths first (the cause), then stops and mismatches, the awaited
-   * peer first. Survivors name the rank long before the deadline. */
+   * local rank every 50 ms: deaths first (the cause), then different calls, then stops, the
+   * awaited peer first. Survivors name the rank long before the deadline. */
   if (waitedMs >= 100 && now - comm->livenessNs >= 50000000) {
     comm->livenessNs = now;
-    for (int deathOnly = 1; deathOnly >= 0; deathOnly--)
+    for (int phase = 0; phase < PROBE_PHASES; phase++)
       for (int k = 0; k < comm->nranks; k++) {
         int q = (peer + k) % comm->nranks;
-        gcommResult_t res =
-            q == comm->rank ? gcommSuccess : probeRank(comm, w, q, waitedMs, deathOnly);
+        gcommResult_t res = q == comm->rank ? gcommSuccess : probeRank(comm, w, q, waitedMs, phase);
         if (res != gcommSuccess) return res;
       }
   }
