@@ -462,7 +462,7 @@ static void* callerThread(void* arg) {
   for (int i = 0; i < THREAD_CALLS; i++) {
     for (int j = 0; j < THREAD_COUNT; j++) buf[j] = threadValue(tlRank, c->t, i, j);
     gcommResult_t res = gcommAllReduce(buf, buf, THREAD_COUNT, gcommInt64, gcommSum, c->comm, NULL);
-    if (res == gcommInvalidUsage && strstr(gcommGetLastError(c->comm), "thread")) c->namesThreads++;
+    if (res == gcommInvalidUsage && strstr(gcommGetLastError(NULL), "thread")) c->namesThreads++;
     if (res == gcommSuccess) res = gcommWait(c->comm, NULL);
     if (res != gcommSuccess) {
       c->refused++;
