@@ -1533,9 +1533,9 @@ static gcommResult_t paramsAgree(gcommComm_t comm) {
       paramFormat(d, all[j], first, sizeof(first));
       paramFormat(d, all[(size_t)r * k + j], other, sizeof(other));
       res = GCOMM_ERROR(comm, gcommInvalidUsage, -1,
-                        "ranks disagree on %s: rank 0 has %s, rank %d has %s (it shapes the "
-                        "schedule or the FIFOs: set it the same on every rank)",
-                        d->name, first, r, other);
+                        "ranks disagree on %s: rank 0 has %s, rank %d has %s: set %s the same "
+                        "everywhere (it shapes the schedule or the FIFOs)",
+                        d->name, first, r, other, d->name);
     }
   free(all);
   MPI_CHECK(comm, rc);
