@@ -42,12 +42,15 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 out=$tmp/out
 # The victim's parent: it starts the rank and reaps it only once the survivors have written their
-# results ($1: the directory, $2: how many), so that a killed victim stays a zombie meanwhile.
+# results ($1: the directory, $2: how many), so that a killed victim stays a zombie meanwhile. It
+# ignores the SIGUSR1 that hydra sends when a survivor leaves without MPI_Finalize (its death
+# would make hydra SIGKILL the survivors still reporting).
 cat >"$tmp/keeper.py" <<'KEEPER'
-import os, sys, time
+import os, signal, sys, time
 pid = os.fork()
 if pid == 0:
     os.execvp(sys.argv[3], sys.argv[3:])
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 deadline = time.time() + 60
 while time.time() < deadline:
     if sum(f.startswith("rank") for f in os.listdir(sys.argv[1])) >= int(sys.argv[2]): break
