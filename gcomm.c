@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <sched.h>
 #include <signal.h>
@@ -48,62 +49,70 @@ typedef struct {
   const char* const* choices; /* PARAM_ENUM */
   int64_t min, max;           /* PARAM_INT, PARAM_SIZE */
   const char* doc;
+  int shared; /* SHARED: it shapes the schedule or the wire, so every rank must have the same */
 } gcommParamDef_t;
+#define SHARED 1
+#define LOCAL 0
 
 #define PARAM_AT(field) ((int)offsetof(gcommParams_t, field))
 static const gcommParamDef_t paramTable[] = {
-    {"GCOMM_DEBUG", "WARN", PARAM_LOG, -1, NULL, 0, 0, "log level: NONE, WARN, INFO or TRACE"},
+    {"GCOMM_DEBUG", "WARN", PARAM_LOG, -1, NULL, 0, 0, "log level: NONE, WARN, INFO or TRACE",
+     LOCAL},
     {"GCOMM_DEBUG_SUBSYS", "ALL", PARAM_LOG, -1, NULL, 0, 0,
-     "comma list of INIT, COLL, P2P, PROXY, NET, SHM, TUNING, ENV, ALL; ^ excludes"},
+     "comma list of INIT, COLL, P2P, PROXY, NET, SHM, TUNING, ENV, ALL; ^ excludes", LOCAL},
     {"GCOMM_DEBUG_FILE", "", PARAM_LOG, -1, NULL, 0, 0,
-     "log to this file instead of stderr; %h is the host name, %p the pid"},
+     "log to this file instead of stderr; %h is the host name, %p the pid", LOCAL},
     {"GCOMM_ALGO", "", PARAM_ENUM, PARAM_AT(algo), algoNames, 0, 0,
-     "force the algorithm: ring, tree or direct (default: the cost model picks)"},
+     "force the algorithm: ring, tree or direct (default: the cost model picks)", SHARED},
     {"GCOMM_PROTO", "", PARAM_ENUM, PARAM_AT(proto), protoNames, 0, 0,
-     "GPU communicators: force the protocol, simple or ll (default: the cost model picks)"},
+     "GPU communicators: force the protocol, simple or ll (default: the cost model picks)", SHARED},
     {"GCOMM_NCHANNELS", "2", PARAM_INT, PARAM_AT(nChannels), NULL, 1, GCOMM_MAX_CHANNELS,
-     "parallel channels (each with its own FIFOs); config.nChannels"},
+     "parallel channels (each with its own FIFOs); config.nChannels", SHARED},
     {"GCOMM_BUFFSIZE", "1M", PARAM_SIZE, PARAM_AT(buffSize), NULL, 512, (int64_t)1 << 30,
-     "bytes of one connection FIFO (8 slots)"},
+     "bytes of one connection FIFO (8 slots)", SHARED},
     {"GCOMM_PROXY_MODE", "thread", PARAM_ENUM, PARAM_AT(proxyMode), proxyModeNames, 0, 0,
-     "thread: a progress thread per communicator; poll: the caller drives progress"},
+     "thread: a progress thread per communicator; poll: the caller drives progress", LOCAL},
     {"GCOMM_PROGRESS_APPENDOP_FREQ", "8", PARAM_INT, PARAM_AT(appendFreq), NULL, 1, 1 << 20,
-     "progress passes between fetches of newly posted operations"},
+     "progress passes between fetches of newly posted operations", LOCAL},
     {"GCOMM_PROXY_APPEND_BATCH_SIZE", "16", PARAM_INT, PARAM_AT(appendBatch), NULL, 1, 1 << 20,
-     "most operations fetched at once"},
+     "most operations fetched at once", LOCAL},
     {"GCOMM_PROXY_DUMP_SIGNAL", "0", PARAM_INT, PARAM_AT(dumpSignal), NULL, 0, 64,
-     "on this signal, print every active operation, its state and counters (0: off)"},
+     "on this signal, print every active operation, its state and counters (0: off)", LOCAL},
     {"GCOMM_TIMEOUT_MS", "300000", PARAM_INT, PARAM_AT(timeoutMs), NULL, 1, INT64_MAX / 1000000,
-     "deadline of every wait, in milliseconds"},
+     "deadline of every wait, in milliseconds", LOCAL},
     {"GCOMM_CHECK_MISMATCH", "1", PARAM_INT, PARAM_AT(checkMismatch), NULL, 0, 1,
-     "1: ranks whose calls differ (collective, count, datatype, op, root) fail naming the rank"},
+     "1: ranks whose calls differ (collective, count, datatype, op, root) fail naming the rank",
+     SHARED},
     {"GCOMM_HOSTID", "", PARAM_STR, PARAM_AT(hostId), NULL, 0, 0,
-     "ranks with the same value share a node (default: MPI_COMM_TYPE_SHARED)"},
+     "ranks with the same value share a node (default: MPI_COMM_TYPE_SHARED)", LOCAL},
     {"GCOMM_PROFILER_PLUGIN", "", PARAM_STR, PARAM_AT(profilerPlugin), NULL, 0, 0,
-     "profiler plugin: a path, or NAME for libgcomm-profiler-NAME.so (default: none)"},
+     "profiler plugin: a path, or NAME for libgcomm-profiler-NAME.so (default: none)", LOCAL},
 #ifdef GCOMM_GPU
     {"GCOMM_P2P_DISABLE", "0", PARAM_INT, PARAM_AT(p2pDisable), NULL, 0, 1,
-     "1: GPU FIFOs in pinned shared host memory instead of GPU memory shared through IPC"},
+     "1: GPU FIFOs in pinned shared host memory instead of GPU memory shared through IPC", SHARED},
     {"GCOMM_P2P_USE_CUDA_MEMCPY", "0", PARAM_INT, PARAM_AT(p2pMemcpy), NULL, 0, 1,
-     "1: GPU sends to local ranks through copy engines (cudaMemcpyAsync by the progress thread)"},
+     "1: GPU sends to local ranks through copy engines (cudaMemcpyAsync by the progress thread)",
+     SHARED},
     {"GCOMM_PDL", "1", PARAM_INT, PARAM_AT(pdl), NULL, 0, 1,
-     "0: a small GPU launch never starts before the previous one on its stream has finished"},
+     "0: a small GPU launch never starts before the previous one on its stream has finished",
+     LOCAL},
 #endif
 #ifdef GCOMM_OFI
     {"GCOMM_NET_DISABLE", "0", PARAM_INT, PARAM_AT(netDisable), NULL, 0, 1,
-     "1: refuse ranks on other nodes instead of using the network (OFI=1 builds)"},
+     "1: refuse ranks on other nodes instead of using the network (OFI=1 builds)", SHARED},
     {"GCOMM_OFI_PROVIDER", "", PARAM_STR, PARAM_AT(ofiProvider), NULL, 0, 0,
-     "libfabric provider, e.g. tcp or shm (default: the best found, tcp last; never shm)"},
+     "libfabric provider, e.g. tcp or shm (default: the best found, tcp last; never shm)", SHARED},
     {"GCOMM_OFI_IFACE", "", PARAM_STR, PARAM_AT(ofiIface), NULL, 0, 0,
-     "only use the provider's domain of this name (tcp: the interface, e.g. eth0 or lo)"},
+     "only use the provider's domain of this name (tcp: the interface, e.g. eth0 or lo)", LOCAL},
     {"GCOMM_NET_SHARED_BUFFERS", "1", PARAM_INT, PARAM_AT(netSharedBuffers), NULL, 0, 1,
-     "1: every network FIFO in one registered region; 0: one registration per FIFO"},
+     "1: every network FIFO in one registered region; 0: one registration per FIFO", LOCAL},
     {"GCOMM_NET_ENDPOINTS", "1", PARAM_INT, PARAM_AT(netEndpoints), NULL, 1, 4,
-     "network endpoints (so connections per peer); lane l uses endpoint l mod this"},
+     "network endpoints (so connections per peer); lane l uses endpoint l mod this", SHARED},
 #endif
 #if defined(GCOMM_GPU) && defined(GCOMM_OFI)
     {"GCOMM_NET_GDR", "auto", PARAM_ENUM, PARAM_AT(netGdr), netGdrNames, 0, 0,
-     "GPU comms across nodes: network FIFO slots in GPU memory (FI_HMEM): 0, 1 (required), auto"},
+     "GPU comms across nodes: network FIFO slots in GPU memory (FI_HMEM): 0, 1 (required), auto",
+     LOCAL},
 #endif
 };
 #define NPARAMS ((int)(sizeof(paramTable) / sizeof(paramTable[0])))
@@ -205,14 +214,16 @@ static const char* const subsysNames[] = {"INIT", "COLL",   "P2P", "PROXY",   "N
 
 static const char* const logLevels[] = {"NONE", "WARN", "INFO", "TRACE", NULL};
 
-/* GCOMM_DEBUG_SUBSYS: a mask of subsystems. */
+/* GCOMM_DEBUG_SUBSYS: a mask of subsystems, or -1 when a name is not one (the caller keeps the
+ * default: a typo must not silence every message). */
 static int parseSubsys(const char* subsys) {
   char buf[256];
   int exclude = subsys[0] == '^', mask = 0;
   snprintf(buf, sizeof(buf), "%s", subsys + exclude);
   for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     int i = parseEnum(tok, subsysNames);
-    mask |= i >= 0 ? 1 << i : strcasecmp(tok, "ALL") == 0 ? GCOMM_SUBSYS_ALL : 0;
+    if (i < 0 && strcasecmp(tok, "ALL") != 0) return -1;
+    mask |= i >= 0 ? 1 << i : GCOMM_SUBSYS_ALL;
   }
   return exclude ? (GCOMM_SUBSYS_ALL & ~mask) : mask;
 }
@@ -232,19 +243,51 @@ static void expandPath(const char* pattern, char* path, size_t size) {
   path[n] = 0;
 }
 
+/* GCOMM_DEBUG_FILE: created 0600 (a log names hosts, pids and buffers), appended to, and never
+ * through a symbolic link (another user's /tmp/x -> /root/file would make this job write
+ * there). NULL with errno set when it cannot be opened. */
+static void logWrite(int level, gcommComm_t comm, const char* where, const char* msg);
+
+static FILE* openLogFile(const char* path) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+  FILE* f = fd >= 0 ? fdopen(fd, "a") : NULL;
+  if (f == NULL && fd >= 0) close(fd);
+  return f;
+}
+
 static void logInit(void) {
+  char bad[3][PATH_MAX + 160];
+  int nBad = 0;
   gethostname(hostName, sizeof(hostName) - 1);
   const char* level = getenv("GCOMM_DEBUG");
-  if (level != NULL && parseEnum(level, logLevels) >= 0) logLevel = parseEnum(level, logLevels);
+  if (level != NULL && level[0] != 0 && parseEnum(level, logLevels) < 0)
+    snprintf(bad[nBad++], sizeof(bad[0]),
+             "GCOMM_DEBUG=\"%.64s\" is not a level (NONE, WARN, INFO or TRACE): using WARN", level);
+  else if (level != NULL && level[0] != 0)
+    logLevel = parseEnum(level, logLevels);
   const char* subsys = getenv("GCOMM_DEBUG_SUBSYS");
-  if (subsys != NULL) logSubsys = parseSubsys(subsys);
+  int mask = subsys != NULL && subsys[0] != 0 ? parseSubsys(subsys) : GCOMM_SUBSYS_ALL;
+  if (mask < 0)
+    snprintf(bad[nBad++], sizeof(bad[0]),
+             "GCOMM_DEBUG_SUBSYS=\"%.64s\" names no subsystem of INIT, COLL, P2P, PROXY, NET, "
+             "SHM, TUNING, ENV, PROFILE, ALL: using ALL",
+             subsys);
+  else
+    logSubsys = mask;
   const char* file = getenv("GCOMM_DEBUG_FILE");
   if (file != NULL && file[0] != 0) {
     char path[PATH_MAX];
     expandPath(file, path, sizeof(path));
-    logFile = fopen(path, "a");
+    logFile = openLogFile(path);
+    if (logFile == NULL)
+      snprintf(bad[nBad++], sizeof(bad[0]),
+               "GCOMM_DEBUG_FILE: cannot open %s (%s; a symbolic link is refused): logging to "
+               "stderr",
+               path, strerror(errno));
   }
   if (logFile == NULL) logFile = stderr;
+  for (int i = 0; i < nBad && logLevel >= GCOMM_LOG_WARN; i++)
+    logWrite(GCOMM_LOG_WARN, NULL, "logInit", bad[i]);
 }
 
 /* ---- The params table as gcomm_info (tools/gcomm_info.c) reads it ---- */
@@ -373,8 +416,10 @@ const char* gcommGetErrorString(gcommResult_t result) {
   }
 }
 
+static int commIsLive(gcommComm_t comm);
+
 const char* gcommGetLastError(gcommComm_t comm) {
-  if (comm != NULL && comm->magic == GCOMM_COMM_MAGIC) return comm->lastError;
+  if (comm != NULL && commIsLive(comm)) return comm->lastError;
   return threadLastError;
 }
 
@@ -418,44 +463,53 @@ static uint64_t backoff(uint64_t* idleSince, int mayNap) {
 typedef void (*reduceFn_t)(void* dst, const void* a, const void* b, size_t n);
 typedef void (*divideFn_t)(void* buf, size_t n, int nranks);
 
+/* Loads and stores through memcpy: the caller's buffers may sit at any byte address (a double
+ * at +1 is legal C data in a char buffer), where a plain T access is undefined; the compiler
+ * turns a fixed-size memcpy into one (vectorised, unaligned) load or store. */
+#define LOAD(T, p, i)                                           \
+  ({                                                            \
+    T v_;                                                       \
+    memcpy(&v_, (const char*)(p) + (i) * sizeof(T), sizeof(T)); \
+    v_;                                                         \
+  })
+#define STORE(T, p, i, v)                                 \
+  do {                                                    \
+    T v_ = (v);                                           \
+    memcpy((char*)(p) + (i) * sizeof(T), &v_, sizeof(T)); \
+  } while (0)
 #define DEFINE_REDUCE(NAME, T, EXPR)                                    \
   static void NAME(void* dst, const void* a, const void* b, size_t n) { \
-    T* d = (T*)dst;                                                     \
-    const T* x = (const T*)a;                                           \
-    const T* y = (const T*)b;                                           \
     for (size_t i = 0; i < n; i++) {                                    \
-      T A = x[i], B = y[i];                                             \
-      d[i] = (EXPR);                                                    \
+      T A = LOAD(T, a, i), B = LOAD(T, b, i);                           \
+      STORE(T, dst, i, (EXPR));                                         \
     }                                                                   \
   }
 /* Integers: Sum and Prod in the unsigned type, so that overflow wraps instead of being UB. */
-#define DEFINE_INT(NAME, T, UT)                                  \
-  DEFINE_REDUCE(NAME##Sum, T, (T)((UT)A + (UT)B))                \
-  DEFINE_REDUCE(NAME##Prod, T, (T)((UT)A * (UT)B))               \
-  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                     \
-  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                     \
-  static void NAME##Div(void* buf, size_t n, int nranks) {       \
-    T* d = (T*)buf;                                              \
-    for (size_t i = 0; i < n; i++) d[i] = (T)(d[i] / (T)nranks); \
+#define DEFINE_INT(NAME, T, UT)                                                        \
+  DEFINE_REDUCE(NAME##Sum, T, (T)((UT)A + (UT)B))                                      \
+  DEFINE_REDUCE(NAME##Prod, T, (T)((UT)A * (UT)B))                                     \
+  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                                           \
+  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                                           \
+  static void NAME##Div(void* buf, size_t n, int nranks) {                             \
+    for (size_t i = 0; i < n; i++) STORE(T, buf, i, (T)(LOAD(T, buf, i) / (T)nranks)); \
   }
-#define DEFINE_FLOAT(NAME, T)                               \
-  DEFINE_REDUCE(NAME##Sum, T, A + B)                        \
-  DEFINE_REDUCE(NAME##Prod, T, A* B)                        \
-  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                \
-  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                \
-  static void NAME##Div(void* buf, size_t n, int nranks) {  \
-    T* d = (T*)buf;                                         \
-    for (size_t i = 0; i < n; i++) d[i] = d[i] / (T)nranks; \
+#define DEFINE_FLOAT(NAME, T)                                                     \
+  DEFINE_REDUCE(NAME##Sum, T, A + B)                                              \
+  DEFINE_REDUCE(NAME##Prod, T, A* B)                                              \
+  DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                                      \
+  DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                                      \
+  static void NAME##Div(void* buf, size_t n, int nranks) {                        \
+    for (size_t i = 0; i < n; i++) STORE(T, buf, i, LOAD(T, buf, i) / (T)nranks); \
   }
 /* 16-bit floats: widen to float, combine, round once. */
-#define DEFINE_HALF(NAME, TOF, FROMF)                                       \
-  DEFINE_REDUCE(NAME##Sum, uint16_t, FROMF(TOF(A) + TOF(B)))                \
-  DEFINE_REDUCE(NAME##Prod, uint16_t, FROMF(TOF(A) * TOF(B)))               \
-  DEFINE_REDUCE(NAME##Max, uint16_t, TOF(A) > TOF(B) ? A : B)               \
-  DEFINE_REDUCE(NAME##Min, uint16_t, TOF(A) < TOF(B) ? A : B)               \
-  static void NAME##Div(void* buf, size_t n, int nranks) {                  \
-    uint16_t* d = (uint16_t*)buf;                                           \
-    for (size_t i = 0; i < n; i++) d[i] = FROMF(TOF(d[i]) / (float)nranks); \
+#define DEFINE_HALF(NAME, TOF, FROMF)                                              \
+  DEFINE_REDUCE(NAME##Sum, uint16_t, FROMF(TOF(A) + TOF(B)))                       \
+  DEFINE_REDUCE(NAME##Prod, uint16_t, FROMF(TOF(A) * TOF(B)))                      \
+  DEFINE_REDUCE(NAME##Max, uint16_t, TOF(A) > TOF(B) ? A : B)                      \
+  DEFINE_REDUCE(NAME##Min, uint16_t, TOF(A) < TOF(B) ? A : B)                      \
+  static void NAME##Div(void* buf, size_t n, int nranks) {                         \
+    for (size_t i = 0; i < n; i++)                                                 \
+      STORE(uint16_t, buf, i, FROMF(TOF(LOAD(uint16_t, buf, i)) / (float)nranks)); \
   }
 
 DEFINE_INT(i8, int8_t, uint8_t)
@@ -931,52 +985,69 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
   return gcommSuccess;
 }
 
+/* Whether process pid is gone or a zombie: a killed rank stays a zombie until its parent reaps
+ * it, and launchers (MPICH's hydra, Open MPI's prted) may not do so before the job ends, while
+ * kill(pid, 0) still finds it. /proc/<pid>/stat's state ("pid (comm) S ...") says Z or X then. */
+int gcommProcessIsDead(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  FILE* f = fopen(path, "r");
+  if (f == NULL) return 0; /* no /proc: kill's answer stands */
+  size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[len] = 0;
+  const char* paren = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+  return paren != NULL && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
 /* A local peer that no longer exists will never fill or drain its FIFOs. Only a process of this
  * very machine can be probed (GCOMM_HOSTID nodes may share one): compare real host names. */
 static int peerIsDead(gcommComm_t comm, int peer) {
   if (strcmp(comm->cards[peer].host, comm->cards[comm->rank].host) != 0) return 0;
-  return kill(comm->cards[peer].pid, 0) != 0 && errno == ESRCH;
+  return gcommProcessIsDead(comm->cards[peer].pid);
 }
 
-/* Whether local rank q can still serve w: alive (deathOnly), or else not stopped on an error and
- * (the awaited peer of a collective) not in a different call at the same sequence number. Fails w
- * naming q. */
+/* What a blocked work probes in local rank q, in this order over every rank (the cause first):
+ * its death; a different call at the same sequence number (its status page: e.g. another root,
+ * where no data flows, so no slot word can tell); the error that stopped it. */
+enum { PROBE_DEATH, PROBE_CALL, PROBE_STOP, PROBE_PHASES };
+
+/* Whether local rank q can still serve w, by one phase of probes. Fails w naming q. */
 static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, uint64_t waitedMs,
-                               int deathOnly) {
+                               int phase) {
   const gcommOp_t* op = w->op;
   char at[192];
   snprintf(at, sizeof(at), "%s (seq %llu) lane %d step %ld/%ld, waiting %llu ms to %s rank %d",
            funcNames[op->func], (unsigned long long)op->seq, w->lane, w->step, w->nSteps,
            (unsigned long long)waitedMs, w->waitRecv ? "receive from" : "send to", w->waitPeer);
-  if (deathOnly)
+  if (phase == PROBE_DEATH)
     return peerIsDead(comm, q)
                ? gcommSetError(comm, gcommRemoteError, q, "progress", "%s: rank %d has died", at, q)
                : gcommSuccess;
   gcommStatus_t* st = gcommShmStatus(comm, q);
   if (st == NULL) return gcommSuccess;
+  int isColl = op->func != gcommFuncSend && op->func != gcommFuncRecv;
+  if (phase == PROBE_CALL) {
+    if (!isColl || op->tag == 0 || w->lane >= GCOMM_STATUS_LANES) return gcommSuccess;
+    uint64_t cur = __atomic_load_n(&st->current[w->lane], __ATOMIC_ACQUIRE);
+    if ((uint32_t)(cur >> 32) != (uint32_t)(op->seq + 1) || (uint32_t)cur == op->tag)
+      return gcommSuccess;
+    char what[256];
+    gcommDescribeMismatch(what, sizeof(what), GCOMM_SLOT_WORD((uint32_t)cur, 0),
+                          GCOMM_SLOT_WORD(op->tag, 0));
+    return gcommSetError(comm, gcommInvalidUsage, q, "progress",
+                         "%s: rank %d made a different call: %s", at, q, what);
+  }
   int code = __atomic_load_n(&st->code, __ATOMIC_ACQUIRE);
   /* A rank that finished all its work and destroyed the communicator stops only the ranks that
    * wait on it directly (it will never send or drain again); others wait on slower ranks. */
-  if (code != 0 && st->finished && q != w->waitPeer) return gcommSuccess;
-  if (code != 0) {
-    char msg[sizeof(st->msg)];
-    memcpy(msg, st->msg, sizeof(msg));
-    msg[sizeof(msg) - 1] = 0;
-    return gcommSetError(comm, code == gcommInvalidUsage ? gcommInvalidUsage : gcommRemoteError, q,
-                         "progress", "%s: rank %d stopped: %s", at, q, msg);
-  }
-  int isColl = op->func != gcommFuncSend && op->func != gcommFuncRecv;
-  if (q == w->waitPeer && isColl && op->tag != 0 && w->lane < GCOMM_STATUS_LANES) {
-    uint64_t cur = __atomic_load_n(&st->current[w->lane], __ATOMIC_ACQUIRE);
-    if ((uint32_t)(cur >> 32) == (uint32_t)(op->seq + 1) && (uint32_t)cur != op->tag) {
-      char what[256];
-      gcommDescribeMismatch(what, sizeof(what), GCOMM_SLOT_WORD((uint32_t)cur, 0),
-                            GCOMM_SLOT_WORD(op->tag, 0));
-      return gcommSetError(comm, gcommInvalidUsage, q, "progress",
-                           "%s: rank %d made a different call: %s", at, q, what);
-    }
-  }
-  return gcommSuccess;
+  if (code == 0 || (st->finished && q != w->waitPeer)) return gcommSuccess;
+  char msg[sizeof(st->msg)];
+  memcpy(msg, st->msg, sizeof(msg));
+  msg[sizeof(msg) - 1] = 0;
+  return gcommSetError(comm, code == gcommInvalidUsage ? gcommInvalidUsage : gcommRemoteError, q,
+                       "progress", "%s: rank %d stopped: %s", at, q, msg);
 }
 
 /* Publishes the collective w's lane is in (gcommStatus_t.current) for blocked peers' checks. */
@@ -1007,15 +1078,14 @@ static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int
   const gcommOp_t* op = w->op;
   /* A dead or stopped rank never fills or drains its FIFOs, and the ranks behind it stop when
    * they notice, so the awaited peer may be alive but stuck: after 100 ms of waiting, probe every
-   * local rank every 50 ms: deaths first (the cause), then stops and mismatches, the awaited
-   * peer first. Survivors name the rank long before the deadline. */
+   * local rank every 50 ms: deaths first (the cause), then different calls, then stops, the
+   * awaited peer first. Survivors name the rank long before the deadline. */
   if (waitedMs >= 100 && now - comm->livenessNs >= 50000000) {
     comm->livenessNs = now;
-    for (int deathOnly = 1; deathOnly >= 0; deathOnly--)
+    for (int phase = 0; phase < PROBE_PHASES; phase++)
       for (int k = 0; k < comm->nranks; k++) {
         int q = (peer + k) % comm->nranks;
-        gcommResult_t res =
-            q == comm->rank ? gcommSuccess : probeRank(comm, w, q, waitedMs, deathOnly);
+        gcommResult_t res = q == comm->rank ? gcommSuccess : probeRank(comm, w, q, waitedMs, phase);
         if (res != gcommSuccess) return res;
       }
   }
@@ -1446,19 +1516,75 @@ static gcommResult_t postOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail,
   } while (0)
 
 /* Every rank learns whether every rank succeeded, so that no rank waits in a later collective
- * step for a rank that has given up. */
+ * step for a rank that has given up; and the ranks that succeeded learn why one failed (its
+ * message: the cause, e.g. a full /dev/shm, at every rank). */
 static gcommResult_t agree(gcommComm_t comm, gcommResult_t mine, const char* what) {
-  int worst = mine;
-  MPI_CHECK(comm, MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_INT, MPI_MAX, comm->mpiComm));
-  if (worst != gcommSuccess && mine == gcommSuccess)
-    return GCOMM_ERROR(comm, gcommRemoteError, -1, "another rank failed during %s", what);
-  return (gcommResult_t)worst == gcommSuccess ? gcommSuccess : mine;
+  struct {
+    int code, rank;
+  } worst = {(int)mine, comm->rank};
+  MPI_CHECK(comm, MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_2INT, MPI_MAXLOC, comm->mpiComm));
+  if (worst.code == gcommSuccess) return gcommSuccess;
+  char why[512];
+  pthread_mutex_lock(&comm->errorLock);
+  snprintf(why, sizeof(why), "%.*s", (int)sizeof(why) - 1, comm->lastError);
+  pthread_mutex_unlock(&comm->errorLock);
+  MPI_CHECK(comm, MPI_Bcast(why, sizeof(why), MPI_CHAR, worst.rank, comm->mpiComm));
+  if (mine != gcommSuccess) return mine;
+  return GCOMM_ERROR(comm, gcommRemoteError, worst.rank, "rank %d failed during %s: %s", worst.rank,
+                     what, why);
 }
 
 static uint64_t hashString(const char* s) {
   uint64_t h = 1469598103934665603ull; /* FNV-1a */
   for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
   return h;
+}
+
+/* A parameter's value as a number every rank can compare (a string: its hash; unset: 0). */
+static int64_t paramValue(const gcommParams_t* p, const gcommParamDef_t* d) {
+  const char* field = (const char*)p + d->offset;
+  if (d->kind == PARAM_STR)
+    return *(const char* const*)field ? (int64_t)(hashString(*(const char* const*)field) | 1) : 0;
+  if (d->kind == PARAM_ENUM || d->offset == PARAM_AT(nChannels)) return *(const int*)field;
+  return *(const int64_t*)field;
+}
+
+static void paramFormat(const gcommParamDef_t* d, int64_t v, char* buf, size_t len) {
+  if (d->kind == PARAM_ENUM)
+    snprintf(buf, len, "%s", v < 0 ? "unset" : d->choices[v]);
+  else if (d->kind == PARAM_STR)
+    snprintf(buf, len, "%s", v ? "a value" : "unset");
+  else
+    snprintf(buf, len, "%lld", (long long)v);
+}
+
+/* Collective. Ranks with different algorithms, protocols or FIFO shapes would run different
+ * schedules on one set of FIFOs: wrong data or a hang, reported as nothing. One exchange of the
+ * SHARED parameters at init instead, failing on every rank with the first that differs. */
+static gcommResult_t paramsAgree(gcommComm_t comm) {
+  int64_t mine[NPARAMS];
+  int idx[NPARAMS], k = 0, n = comm->nranks;
+  for (int i = 0; i < NPARAMS; i++)
+    if (paramTable[i].shared) idx[k] = i, mine[k] = paramValue(&comm->params, &paramTable[i]), k++;
+  int64_t* all = malloc((size_t)n * k * sizeof(int64_t));
+  if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  int rc = MPI_Allgather(mine, k, MPI_INT64_T, all, k, MPI_INT64_T, comm->mpiComm);
+  gcommResult_t res = gcommSuccess;
+  for (int r = 1; r < n && rc == MPI_SUCCESS && res == gcommSuccess; r++)
+    for (int j = 0; j < k && res == gcommSuccess; j++) {
+      if (all[(size_t)r * k + j] == all[j]) continue;
+      const gcommParamDef_t* d = &paramTable[idx[j]];
+      char first[64], other[64];
+      paramFormat(d, all[j], first, sizeof(first));
+      paramFormat(d, all[(size_t)r * k + j], other, sizeof(other));
+      res = GCOMM_ERROR(comm, gcommInvalidUsage, -1,
+                        "ranks disagree on %s: rank 0 has %s, rank %d has %s: set %s the same "
+                        "everywhere (it shapes the schedule or the FIFOs)",
+                        d->name, first, r, other, d->name);
+    }
+  free(all);
+  MPI_CHECK(comm, rc);
+  return res;
 }
 
 /* Which ranks share a node: MPI_COMM_TYPE_SHARED, or GCOMM_HOSTID when set, so that one machine
@@ -1510,6 +1636,25 @@ static gcommResult_t checkConfig(const gcommConfig_t* config) {
 }
 
 static void tuningPrint(gcommComm_t comm);
+
+/* GCOMM_PROXY_DUMP_SIGNAL: only a signal nothing else needs (SIGUSR1, SIGUSR2, real-time). Any
+ * other would take one from the program or the runtime: SIGSEGV's handler returning makes a
+ * crash loop forever, SIGINT's swallows Ctrl-C, SIGKILL cannot be caught. */
+static void installDumpSignal(gcommComm_t comm) {
+  int sig = (int)comm->params.dumpSignal;
+  if (sig != SIGUSR1 && sig != SIGUSR2 && (sig < SIGRTMIN || sig > SIGRTMAX)) {
+    GCOMM_WARN(comm,
+               "GCOMM_PROXY_DUMP_SIGNAL=%d is not SIGUSR1 (%d), SIGUSR2 (%d) or a real-time "
+               "signal (%d..%d): dumps on a signal are off",
+               sig, SIGUSR1, SIGUSR2, SIGRTMIN, SIGRTMAX);
+    return;
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = dumpSignalHandler;
+  sa.sa_flags = SA_RESTART;
+  sigaction(sig, &sa, NULL);
+}
 
 /* GPU communicators whose ranks span nodes: channels by default (GCOMM_NCHANNELS). Each lane
  * to a remote rank pins a send and a receive FIFO of host memory: with 4 MB FIFOs, 4 collective
@@ -1592,6 +1737,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   MPI_CHECK(comm, MPI_Comm_size(comm->mpiComm, &comm->nranks));
   paramsLoad(comm, config);
   paramsPrint(comm);
+  GCOMM_CHECK(paramsAgree(comm));
   comm->device = GCOMM_DEVICE_HOST;
   snprintf(comm->name, sizeof(comm->name), "%s",
            config && config->commName ? config->commName : "");
@@ -1702,13 +1848,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
                spansNodes(comm) ? "spans nodes" : "sends through copy engines");
 #endif
 
-  if (comm->params.dumpSignal > 0) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = dumpSignalHandler;
-    sa.sa_flags = SA_RESTART;
-    sigaction((int)comm->params.dumpSignal, &sa, NULL);
-  }
+  if (comm->params.dumpSignal > 0) installDumpSignal(comm);
   GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
              "comm \"%s\" rank %d/%d: %d local ranks, %d channels, %zu-byte FIFO slots, proxy "
              "%s, pid %d",
@@ -1718,6 +1858,49 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   gcommProfInit(comm); /* late: a failing setup has no profiler to finalize */
   /* after the profiler, which the thread's passes report to (commFree finalizes it on failure) */
   return hasGpuProxy(comm) ? startGpuProxy(comm) : gcommSuccess;
+}
+
+/* The live communicators of the process. A handle is checked here, never by reading the memory
+ * it points to: after gcommCommDestroy that memory is freed (a magic number in it was no check:
+ * the compiler drops a store before free, and reading it is a use after free). A destroyed
+ * handle whose address a new communicator reuses passes for the new one. */
+static pthread_mutex_t liveLock = PTHREAD_MUTEX_INITIALIZER;
+static gcommComm_t* liveComms;
+static int nLive, liveCap;
+
+static gcommResult_t commRegister(gcommComm_t comm) {
+  pthread_mutex_lock(&liveLock);
+  if (nLive == liveCap) {
+    int cap = liveCap ? 2 * liveCap : 16;
+    gcommComm_t* grown = realloc(liveComms, (size_t)cap * sizeof(*grown));
+    if (grown == NULL) {
+      pthread_mutex_unlock(&liveLock);
+      return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+    }
+    liveComms = grown, liveCap = cap;
+  }
+  liveComms[nLive++] = comm;
+  pthread_mutex_unlock(&liveLock);
+  return gcommSuccess;
+}
+
+/* Removes comm from the live set; 0 when it was not there (the loser of two destroys). */
+static int commUnregister(gcommComm_t comm) {
+  int found = 0;
+  pthread_mutex_lock(&liveLock);
+  for (int i = 0; i < nLive && !found; i++)
+    if (liveComms[i] == comm) liveComms[i] = liveComms[--nLive], found = 1;
+  if (nLive == 0) free(liveComms), liveComms = NULL, liveCap = 0; /* nothing left at exit */
+  pthread_mutex_unlock(&liveLock);
+  return found;
+}
+
+static int commIsLive(gcommComm_t comm) {
+  int found = 0;
+  pthread_mutex_lock(&liveLock);
+  for (int i = 0; i < nLive && !found; i++) found = liveComms[i] == comm;
+  pthread_mutex_unlock(&liveLock);
+  return found;
 }
 
 static void commFree(gcommComm_t comm) {
@@ -1750,7 +1933,6 @@ static void commFree(gcommComm_t comm) {
   pthread_mutex_destroy(&comm->doneLock);
   pthread_cond_destroy(&comm->doneCond);
   pthread_mutex_destroy(&comm->errorLock);
-  comm->magic = 0;
   free(comm);
 }
 
@@ -1761,8 +1943,9 @@ static gcommResult_t commCreate(gcommComm_t* out, MPI_Comm mpiComm, const gcommC
     MPI_Comm_free(&mpiComm);
     return GCOMM_ERROR(NULL, gcommSystemError, -1, "out of memory");
   }
-  comm->magic = GCOMM_COMM_MAGIC;
   comm->mpiComm = mpiComm;
+  comm->owner = pthread_self();
+  comm->ownerTid = (long)syscall(SYS_gettid);
   pthread_mutex_init(&comm->postLock, NULL);
   pthread_cond_init(&comm->postCond, NULL);
   pthread_mutex_init(&comm->progressLock, NULL);
@@ -1770,6 +1953,7 @@ static gcommResult_t commCreate(gcommComm_t* out, MPI_Comm mpiComm, const gcommC
   pthread_cond_init(&comm->doneCond, NULL);
   pthread_mutex_init(&comm->errorLock, NULL);
   gcommResult_t res = commSetup(comm, config);
+  if (res == gcommSuccess) res = commRegister(comm);
   if (res != gcommSuccess) {
     snprintf(threadLastError, sizeof(threadLastError), "%s", comm->lastError);
     commFree(comm);
@@ -1799,9 +1983,10 @@ gcommResult_t gcommCommInitMPI(gcommComm_t* comm, MPI_Comm mpiComm, const gcommC
 
 static gcommResult_t checkComm(gcommComm_t comm, const char* where) {
   if (comm == NULL) return gcommSetError(NULL, gcommInvalidArgument, -1, where, "comm is NULL");
-  if (comm->magic != GCOMM_COMM_MAGIC)
+  if (!commIsLive(comm))
     return gcommSetError(NULL, gcommInvalidArgument, -1, where,
-                         "comm is not a valid communicator (destroyed?)");
+                         "comm %p is not a live communicator (destroyed already, or never made)",
+                         (void*)comm);
   return gcommSuccess;
 }
 
@@ -1848,8 +2033,17 @@ gcommResult_t gcommCommAbort(gcommComm_t comm) {
   return gcommSuccess;
 }
 
+static gcommResult_t hostWait(gcommComm_t comm);
+
 gcommResult_t gcommCommDestroy(gcommComm_t comm) {
   GCOMM_CHECK(checkComm(comm, __func__));
+  /* the group's queued operations point at comm: GroupEnd would post them to freed memory */
+  if (__atomic_load_n(&comm->inGroup, __ATOMIC_ACQUIRE))
+    return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
+                       "a group is open with work on this communicator: call gcommGroupEnd "
+                       "first, then destroy it");
+  /* unregistered first: of two destroys of one handle, only one goes on */
+  if (!commUnregister(comm)) return checkComm(comm, __func__);
   gcommResult_t res = gcommSuccess;
 #ifdef GCOMM_GPU
   if (comm->device >= 0)
@@ -1857,7 +2051,7 @@ gcommResult_t gcommCommDestroy(gcommComm_t comm) {
   else
 #endif
       if (__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
-    res = gcommWait(comm, NULL); /* outstanding work finishes first */
+    res = hostWait(comm); /* outstanding work finishes first */
   /* a rank still blocked on this one now called something this one never will */
   gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
   if (st != NULL && res == gcommSuccess &&
@@ -2167,6 +2361,10 @@ static int isReduction(int func) {
   return func == gcommFuncAllReduce || func == gcommFuncReduce || func == gcommFuncReduceScatter;
 }
 
+/* No buffer is larger than a process's address space (2^57 bytes with 5-level paging): a count
+ * beyond it is too large, before it can look like an overlap (or an in-place layout). */
+#define MAX_BUFFER_BYTES ((size_t)1 << 57)
+
 static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* where) {
   int n = comm->nranks;
   size_t inCount, outCount;
@@ -2185,6 +2383,13 @@ static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* wher
   if (op->count > SIZE_MAX / 2 / esz / (size_t)n)
     return BAD("count %zu of %s is too large", op->count, typeNames[op->datatype]);
   bufferCounts(op, comm->rank, n, &inCount, &outCount);
+  /* (no overflow: count * n * esz <= SIZE_MAX / 2 above) */
+  if ((inCount > outCount ? inCount : outCount) * esz > MAX_BUFFER_BYTES)
+    return BAD(
+        "count %zu of %s is too large: %s would use %zu bytes of one buffer, more than an "
+        "address space holds",
+        op->count, typeNames[op->datatype], funcNames[op->func],
+        (inCount > outCount ? inCount : outCount) * esz);
   if (inCount > 0 && op->sendbuff == NULL)
     return BAD("sendbuff is NULL but %s sends %zu elements from it on rank %d", funcNames[op->func],
                inCount, comm->rank);
@@ -2302,9 +2507,28 @@ static gcommResult_t launchOps(gcommComm_t comm, gcommOp_t* ops, int n, void* st
 }
 #endif
 
+/* Calls from two threads would post in an order that differs from rank to rank, and a call of
+ * one thread would meet another thread's call on the other ranks: wrong data reported as
+ * success. So a communicator's data calls come from the thread that created it, and a call from
+ * any other is refused (it changes nothing; the owner's calls go on). */
+static gcommResult_t checkOwner(gcommComm_t comm, const char* where) {
+  if (pthread_equal(pthread_self(), comm->owner)) {
+    __atomic_store_n(&comm->ownerLastCall, where, __ATOMIC_RELAXED);
+    return gcommSuccess;
+  }
+  const char* last = __atomic_load_n(&comm->ownerLastCall, __ATOMIC_RELAXED);
+  return gcommSetError(comm, gcommInvalidUsage, -1, where,
+                       "called from thread %ld, but communicator \"%s\" belongs to thread %ld, "
+                       "which created it (its last call: %s): a communicator's collective and "
+                       "point-to-point calls must all come from the thread that created it",
+                       (long)syscall(SYS_gettid), comm->name, comm->ownerTid,
+                       last ? last : "none yet");
+}
+
 /* The checks every call makes before its own arguments'. */
 gcommResult_t gcommEnqueueCheck(gcommComm_t comm, gcommStream_t stream, const char* where) {
   GCOMM_CHECK(checkComm(comm, where));
+  GCOMM_CHECK(checkOwner(comm, where));
   if (stream != NULL && comm->device < 0)
     return gcommSetError(comm, gcommInvalidArgument, -1, where,
                          "stream must be NULL on a host communicator");
@@ -2359,7 +2583,7 @@ static gcommResult_t submitOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tai
     comm->groupHead = head;
   comm->groupTail = tail;
   if (!comm->inGroup) {
-    comm->inGroup = 1;
+    __atomic_store_n(&comm->inGroup, 1, __ATOMIC_RELEASE);
     comm->groupNext = groupComms;
     groupComms = comm;
   }
@@ -2448,7 +2672,7 @@ gcommResult_t gcommGroupEnd(void) {
     if (comm->profGroup != NULL) gcommProfGroupEnd(comm);
     comm->groupHead = comm->groupTail = NULL;
     comm->groupNext = NULL;
-    comm->inGroup = 0;
+    __atomic_store_n(&comm->inGroup, 0, __ATOMIC_RELEASE);
   }
   return res;
 }
@@ -2599,6 +2823,11 @@ gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
   if (stream != NULL)
     return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
                        "stream must be NULL on a host communicator");
+  return hostWait(comm);
+}
+
+/* gcommWait on a host communicator (also gcommCommDestroy's, after comm left the live set). */
+static gcommResult_t hostWait(gcommComm_t comm) {
   uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
   int poll = comm->params.proxyMode == GCOMM_PROXY_POLL;
   /* A waiting thread runs the passes itself, as in poll mode, and the engine thread sleeps

@@ -104,6 +104,16 @@ const char* gcommGetErrorString(gcommResult_t result);
  * what failed, where, and which peer. Never NULL. */
 const char* gcommGetLastError(gcommComm_t comm);
 
+/* ---- Threads ----
+ * A communicator's collective, point-to-point and group calls all come from the thread that
+ * created it (gcommCommInitMPI, gcommCommSplit): calls from two threads would be posted in an
+ * order that differs from rank to rank and mix their data, so another thread's call returns
+ * gcommInvalidUsage naming both threads and changes nothing. Any thread may call gcommWait,
+ * gcommTest, gcommProgress, gcommCommAbort, gcommCommGetAsyncError, gcommGetLastError and the
+ * queries. Different communicators may be used from different threads at once.
+ * A handle is checked against the live communicators: after gcommCommDestroy every call on it
+ * (a second destroy included) returns gcommInvalidArgument. */
+
 /* ---- Communicators ---- */
 /* Collective over mpiComm: every rank calls it. MPI is used here and in gcommCommSplit only,
  * never on the data path; MPI_THREAD_SINGLE is enough. config may be NULL. */
@@ -112,7 +122,8 @@ gcommResult_t gcommCommInitMPI(gcommComm_t* comm, MPI_Comm mpiComm, const gcommC
  * by rank; color GCOMM_SPLIT_NOCOLOR gives *newcomm = NULL. config NULL: inherit comm's. */
 gcommResult_t gcommCommSplit(gcommComm_t comm, int color, int key, gcommComm_t* newcomm,
                              const gcommConfig_t* config);
-/* Waits for outstanding work (up to GCOMM_TIMEOUT_MS), then frees everything. */
+/* Waits for outstanding work (up to GCOMM_TIMEOUT_MS), then frees everything. Refused
+ * (gcommInvalidUsage) while an open group holds work of comm: call gcommGroupEnd first. */
 gcommResult_t gcommCommDestroy(gcommComm_t comm);
 /* Stops everything now, from any thread: every pending wait on comm returns gcommAborted. The
  * communicator must still be destroyed. */

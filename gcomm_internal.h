@@ -54,6 +54,8 @@ gcommResult_t gcommSetError(gcommComm_t comm, gcommResult_t res, int peer, const
   } while (0)
 
 uint64_t gcommNowNs(void);
+/* Whether process pid (of this machine) is gone or a zombie. */
+int gcommProcessIsDead(pid_t pid);
 /* "AllReduce", "Broadcast", ... for logs and errors. */
 const char* gcommFuncName(int func);
 /* A rank's index among the ranks of its node (cards must be filled). */
@@ -195,7 +197,6 @@ typedef struct {
   unsigned char devHandle[64]; /* GPU communicators: cudaIpcMemHandle_t of the FIFO region */
 } gcommCard_t;
 
-#define GCOMM_COMM_MAGIC 0x636f6d6du
 #define GCOMM_MAX_CHANNELS 128 /* GCOMM_NCHANNELS, config.nChannels */
 
 /* The checks every call makes before its own arguments': a valid communicator, stream NULL on
@@ -241,7 +242,6 @@ void* gcommProfNetStart(gcommComm_t comm, int peer, int channel, uint64_t step, 
 void gcommProfStop(gcommComm_t comm, void* handle);
 
 struct gcommComm {
-  unsigned int magic;
   MPI_Comm mpiComm;
   int rank, nranks, device;
   int deviceSMs;     /* GPU communicators: the GPU's multiprocessors */
@@ -291,6 +291,12 @@ struct gcommComm {
   int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
   uint64_t collSeq;
   uint64_t livenessNs; /* when the engine last probed the local ranks' pids */
+
+  /* the thread that created the communicator, the only one that may enqueue on it (gcomm.h),
+   * and its last enqueued call (atomic), for the message that names a second thread */
+  pthread_t owner;
+  long ownerTid;
+  const char* ownerLastCall;
 
   /* group */
   gcommOp_t *groupHead, *groupTail;

@@ -15,9 +15,19 @@
  *         gcommTest and gcommCommGetAsyncError say gcommAborted; destroy succeeds
  * timeout GCOMM_TIMEOUT_MS=300 and a receive that is never matched: gcommWait fails with
  *         gcommTimeout or gcommRemoteError within a few seconds, and the message names the peer
+ * misuse  two threads x 300 all-reduces on one communicator: no wrong result is returned as
+ *         success (the calls of a thread that did not create it are gcommInvalidUsage naming the
+ *         threads), and the creator's calls work after; use after destroy and a second destroy:
+ *         gcommInvalidArgument (not a crash: ASan builds check the memory); destroy with the
+ *         communicator's work queued in an open group: gcommInvalidUsage, and the group then
+ *         runs; GCOMM_ALGO or GCOMM_PROTO set differently on different ranks: init fails on
+ *         every rank naming the variable; an AllGather count whose buffer outgrows the address
+ *         space: "too large"; buffers of doubles and int64s at odd byte offsets reduce correctly
+ *         (UBSan builds check every load); GCOMM_PROXY_DUMP_SIGNAL=11 or 2 installs no handler
  */
 #include <ctype.h>
 #include <pthread.h>
+#include <signal.h>
 #include <strings.h>
 
 #include "test/testlib.h"
@@ -434,6 +444,192 @@ static void testTimeout(int proxyMode, const char* what) {
   tlReport("timeout [%s]: destroy returns promptly after the timeout", what);
 }
 
+/* ---- Misuse ---- */
+
+enum { THREAD_CALLS = 300, THREAD_COUNT = 67 };
+typedef struct {
+  gcommComm_t comm;
+  int t, wrong, refused, good, namesThreads;
+} CallerThread;
+
+static int64_t threadValue(int rank, int t, int i, int j) {
+  return (int64_t)(rank + 1) * 1000003 + t * 7919 + i * 31 + j;
+}
+
+static void* callerThread(void* arg) {
+  CallerThread* c = arg;
+  int64_t buf[THREAD_COUNT];
+  for (int i = 0; i < THREAD_CALLS; i++) {
+    for (int j = 0; j < THREAD_COUNT; j++) buf[j] = threadValue(tlRank, c->t, i, j);
+    gcommResult_t res = gcommAllReduce(buf, buf, THREAD_COUNT, gcommInt64, gcommSum, c->comm, NULL);
+    if (res == gcommInvalidUsage && strstr(gcommGetLastError(NULL), "thread")) c->namesThreads++;
+    if (res == gcommSuccess) res = gcommWait(c->comm, NULL);
+    if (res != gcommSuccess) {
+      c->refused++;
+      continue;
+    }
+    int ok = 1;
+    for (int j = 0; j < THREAD_COUNT && ok; j++) {
+      int64_t want = 0;
+      for (int r = 0; r < tlNranks; r++) want += threadValue(r, c->t, i, j);
+      ok = buf[j] == want;
+    }
+    if (ok)
+      c->good++;
+    else
+      c->wrong++;
+  }
+  return NULL;
+}
+
+/* Two threads share one communicator that the main thread created. */
+static void testThreads(void) {
+  gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, "", -1);
+  if (!tlReport("misuse threads: init")) return;
+  CallerThread c[2] = {{comm, 0, 0, 0, 0, 0}, {comm, 1, 0, 0, 0, 0}};
+  pthread_t thread[2];
+  for (int t = 0; t < 2; t++) pthread_create(&thread[t], NULL, callerThread, &c[t]);
+  for (int t = 0; t < 2; t++) pthread_join(thread[t], NULL);
+  int wrong = c[0].wrong + c[1].wrong;
+  if (wrong > 0)
+    tlFail("%d of %d all-reduces returned success with a wrong result (%d right, %d refused)",
+           wrong, 2 * THREAD_CALLS, c[0].good + c[1].good, c[0].refused + c[1].refused);
+  else if (c[0].refused + c[1].refused > 0 && c[0].namesThreads + c[1].namesThreads == 0)
+    tlFail("calls were refused, but no message says gcommInvalidUsage naming the threads: %s",
+           gcommGetLastError(comm));
+  tlReport(
+      "misuse threads: 2 threads x %d all-reduces on one communicator: no wrong result "
+      "returned as success",
+      THREAD_CALLS);
+  int64_t one = 1;
+  TL_OK(comm, gcommAllReduce(&one, &one, 1, gcommInt64, gcommSum, comm, NULL));
+  TL_OK(comm, gcommWait(comm, NULL));
+  if (one != tlNranks) tlFail("the all-reduce gave %lld", (long long)one);
+  tlReport("misuse threads: the creating thread's all-reduce works after");
+  tlBarrier(MPI_COMM_WORLD);
+  tlCommDestroy(comm);
+}
+
+static void expectError(gcommResult_t res, gcommResult_t want, const char* call, const char* text) {
+  const char* msg = gcommGetLastError(NULL);
+  if (res != want)
+    tlFail("%s returned %s, not %s", call, gcommGetErrorString(res), gcommGetErrorString(want));
+  else if (text && !strstr(msg, text))
+    tlFail("%s: the message does not say \"%s\": %s", call, text, msg);
+}
+
+static void testDestroyed(void) {
+  gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, "", -1);
+  if (!tlReport("misuse destroyed: init")) return;
+  tlBarrier(MPI_COMM_WORLD);
+  tlCommDestroy(comm);
+  float x = 1;
+  int n = 0;
+  expectError(gcommAllReduce(&x, &x, 1, gcommFloat32, gcommSum, comm, NULL), gcommInvalidArgument,
+              "gcommAllReduce", "not a live communicator");
+  expectError(gcommWait(comm, NULL), gcommInvalidArgument, "gcommWait", "not a live");
+  expectError(gcommCommCount(comm, &n), gcommInvalidArgument, "gcommCommCount", "not a live");
+  expectError(gcommCommDestroy(comm), gcommInvalidArgument, "a second gcommCommDestroy",
+              "not a live");
+  tlReport(
+      "misuse destroyed: calls on a destroyed communicator and a second destroy are "
+      "gcommInvalidArgument");
+}
+
+static void testDestroyInGroup(void) {
+  gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, "", -1);
+  if (!tlReport("misuse destroy in a group: init")) return;
+  int32_t in[101], buf[101]; /* not in place: one rank then has work to queue too */
+  for (int i = 0; i < 101; i++) in[i] = i + tlRank;
+  TL_OK(comm, gcommGroupStart());
+  TL_OK(comm, gcommAllReduce(in, buf, 101, gcommInt32, gcommSum, comm, NULL));
+  expectError(gcommCommDestroy(comm), gcommInvalidUsage, "gcommCommDestroy in the group",
+              "a group is open");
+  TL_OK(comm, gcommGroupEnd());
+  TL_OK(comm, gcommWait(comm, NULL));
+  for (int i = 0; i < 101 && !tlLocalFailed; i++)
+    if (buf[i] != i * tlNranks + tlNranks * (tlNranks - 1) / 2)
+      tlFail("element %d is %d after the group", i, (int)buf[i]);
+  tlBarrier(MPI_COMM_WORLD);
+  tlCommDestroy(comm);
+  tlReport(
+      "misuse destroy in a group: refused (gcommInvalidUsage), the group then runs, destroy "
+      "after works");
+}
+
+/* GCOMM_* choices that shape the schedule, set differently on even and odd ranks. */
+static void testDisagree(const char* var, const char* even, const char* odd) {
+  if (tlNranks < 2) return;
+  setenv(var, tlRank % 2 ? odd : even, 1);
+  gcommComm_t comm = NULL;
+  gcommResult_t res = gcommCommInitMPI(&comm, MPI_COMM_WORLD, NULL);
+  unsetenv(var);
+  expectError(res, gcommInvalidUsage, "gcommCommInitMPI", var);
+  if (res == gcommSuccess) gcommCommDestroy(comm);
+  tlReport("misuse %s=%s on even ranks, %s on odd ones: init fails on every rank naming it", var,
+           even, odd);
+}
+
+static void testHuge(gcommComm_t comm) {
+  static char buf[64];
+  expectError(gcommAllGather(buf, buf, SIZE_MAX / 8, gcommInt8, comm, NULL), gcommInvalidArgument,
+              "gcommAllGather", "too large");
+  expectError(gcommAllReduce(buf, buf + 1, SIZE_MAX / 8, gcommFloat32, gcommSum, comm, NULL),
+              gcommInvalidArgument, "gcommAllReduce", "too large");
+  tlReport("misuse AllGather and AllReduce of SIZE_MAX/8 elements: \"too large\"");
+}
+
+/* Doubles and int64s at odd byte offsets: every load and store of the reductions is unaligned. */
+static void testMisaligned(gcommComm_t comm) {
+  static const gcommDataType_t types[] = {gcommFloat64, gcommInt64, gcommInt32, gcommFloat16};
+  static const gcommRedOp_t ops[] = {gcommSum, gcommMax, gcommAvg};
+  enum { COUNTN = 1031 };
+  for (int t = 0; t < N(types); t++)
+    for (int o = 0; o < N(ops); o++) {
+      gcommDataType_t type = types[t];
+      size_t esz = tlTypes[type].size;
+      TlBuf in = tlBufAlloc(COUNTN * esz, 1), out = tlBufAlloc(COUNTN * esz, 3);
+      for (size_t i = 0; i < COUNTN; i++) /* small integers: every sum is exact */
+        tlStore(type, in.ptr, i, tlFromDouble(type, (double)((tlRank * 7 + i) % 13)));
+      TL_OK(comm, gcommAllReduce(in.ptr, out.ptr, COUNTN, type, ops[o], comm, NULL));
+      TL_OK(comm, gcommWait(comm, NULL));
+      for (size_t i = 0; i < COUNTN && !tlLocalFailed; i++) {
+        double want = 0, got = tlToDouble(type, tlLoad(type, out.ptr, i));
+        for (int r = 0; r < tlNranks; r++) {
+          double v = (double)((r * 7 + i) % 13);
+          want = ops[o] == gcommMax ? (v > want ? v : want) : want + v;
+        }
+        if (ops[o] == gcommAvg)
+          want = tlTypes[type].isFloat ? want / tlNranks : (double)((int64_t)want / tlNranks);
+        double tol = tlTypes[type].isFloat ? fabs(want) * 4 * tlTypes[type].eps : 0;
+        if (fabs(got - want) > tol)
+          tlFail("%s %s element %zu: %g, expected %g", tlTypes[type].name, tlOpNames[ops[o]], i,
+                 got, want);
+      }
+      tlBufCheckGuards(&out, "recvbuff");
+      tlBufFree(&in);
+      tlBufFree(&out);
+      tlReport("misuse misaligned: %s %s, sendbuff at +1 byte, recvbuff at +3", tlTypes[type].name,
+               tlOpNames[ops[o]]);
+    }
+}
+
+/* A dump signal that is not SIGUSR1/2 or real-time would take over a signal the program or the
+ * runtime needs (11: a crash would loop; 2: Ctrl-C would be swallowed). */
+static void testDumpSignal(const char* value, int sig) {
+  char env[64];
+  snprintf(env, sizeof(env), "GCOMM_PROXY_DUMP_SIGNAL=%s", value);
+  struct sigaction before, after;
+  sigaction(sig, NULL, &before);
+  gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, env, -1);
+  sigaction(sig, NULL, &after);
+  if (after.sa_handler != before.sa_handler)
+    tlFail("%s replaced the handler of signal %d", env, sig);
+  tlBarrier(MPI_COMM_WORLD);
+  tlCommDestroy(comm);
+  tlReport("misuse %s: no handler installed (a warning instead)", env);
+}
+
 int main(int argc, char** argv) {
   tlInit(&argc, &argv);
   gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, "", -1);
@@ -442,6 +638,8 @@ int main(int argc, char** argv) {
       for (Func f = 0; f < NFUNCS; f++)
         if (bads[b].funcs & FN(f)) testBad(comm, b, f);
     testMisc(comm);
+    testHuge(comm);
+    testMisaligned(comm);
     tlCommDestroy(comm);
     tlReport("errors: destroy");
   }
@@ -449,5 +647,12 @@ int main(int argc, char** argv) {
   testAbort(GCOMM_PROXY_THREAD, "thread");
   testTimeout(-1, "thread");
   testTimeout(GCOMM_PROXY_POLL, "poll");
+  testThreads();
+  testDestroyed();
+  testDestroyInGroup();
+  testDisagree("GCOMM_ALGO", "ring", "tree");
+  testDisagree("GCOMM_PROTO", "simple", "ll");
+  testDumpSignal("11", SIGSEGV);
+  testDumpSignal("2", SIGINT);
   return tlFinish("test_errors");
 }

@@ -3,8 +3,9 @@
  * test/test_fault.sh) a hang for tools/hang_report.py to diagnose.
  *
  * mismatch  the last rank ("odd") makes a call that differs from the others' in one thing: the
- *           collective, the count, the datatype, the op, the root, one collective more (a count-0
- *           call first: the sequence numbers differ), or a Recv of another datatype than the Send.
+ *           collective, the count, the datatype, the op, the root (also with the ranks that only
+ *           send destroying the communicator at once), one collective more (a count-0 call
+ *           first: the sequence numbers differ), or a Recv of another datatype than the Send.
  *           Every rank returns within seconds (GCOMM_TIMEOUT_MS is 60 s): gcommInvalidUsage, or
  *           success on a rank that only sent; a rank other than the odd one names the mismatch
  *           and the odd rank. Where every rank receives, every rank gets gcommInvalidUsage.
@@ -26,7 +27,7 @@
 
 #include "test/testlib.h"
 
-enum { MM_COLL, MM_COUNT, MM_TYPE, MM_OP, MM_ROOT, MM_SEQ, MM_P2P, MM_OFF, NMM };
+enum { MM_COLL, MM_COUNT, MM_TYPE, MM_OP, MM_ROOT, MM_ROOT_GONE, MM_SEQ, MM_P2P, MM_OFF, NMM };
 static const struct {
   const char* what;
   const char* word; /* the detecting rank's message names the mismatch with this word */
@@ -37,6 +38,7 @@ static const struct {
     [MM_TYPE] = {"float32 against int32", "datatype", 1},
     [MM_OP] = {"sum against max", "op", 1},
     [MM_ROOT] = {"Reduce to root 0 against root 1", "root", 0},
+    [MM_ROOT_GONE] = {"Reduce to root 0 against root 1, the senders destroy at once", "root", 0},
     [MM_SEQ] = {"one collective more (count 0 first)", "seq", 1},
     [MM_P2P] = {"Send float32 against Recv int32", "datatype", 0},
     [MM_OFF] = {"float32 against int32 with GCOMM_CHECK_MISMATCH=0", NULL, 0},
@@ -79,6 +81,7 @@ static void testMismatch(int kind) {
       res = gcommAllReduce(in, out, COUNT, gcommFloat32, isOdd ? gcommMax : gcommSum, comm, NULL);
       break;
     case MM_ROOT:
+    case MM_ROOT_GONE:
       res = gcommReduce(in, out, COUNT, gcommFloat32, gcommSum, isOdd ? 1 : 0, comm, NULL);
       break;
     case MM_SEQ:
@@ -94,6 +97,9 @@ static void testMismatch(int kind) {
   if (res == gcommSuccess) res = gcommWait(comm, NULL);
   double ms = (tlNow() - t0) * 1e3;
   const char* msg = gcommGetLastError(comm);
+  /* the ranks that only send are done: their destroy must not hide the mismatch from rank 0 */
+  gcommResult_t gone = gcommSuccess;
+  if (kind == MM_ROOT_GONE && me != 0) gone = gcommCommDestroy(comm), msg = "", comm = NULL;
   /* the detecting side names the odd rank (P2P: the odd rank detects and names rank 0) */
   int named = kind == MM_P2P ? isOdd && namesRank(msg, 0) : !isOdd && namesRank(msg, odd);
   int detected = res == gcommInvalidUsage && named && cases[kind].word &&
@@ -126,7 +132,7 @@ static void testMismatch(int kind) {
   free(in);
   free(out);
   tlBarrier(MPI_COMM_WORLD);
-  gcommResult_t d = gcommCommDestroy(comm);
+  gcommResult_t d = comm ? gcommCommDestroy(comm) : gone;
   if (d != gcommSuccess && d != res) tlFail("gcommCommDestroy returned %s", gcommGetErrorString(d));
   tlReport("mismatch %s: destroy", cases[kind].what);
 }
@@ -246,7 +252,7 @@ int main(int argc, char** argv) {
   }
   int net = getenv("TEST_FAULT_NET") != NULL;
   for (int k = 0; k < NMM; k++)
-    if (!(net && k == MM_ROOT)) testMismatch(k);
+    if (!(net && (k == MM_ROOT || k == MM_ROOT_GONE))) testMismatch(k);
   testCheckDisagree();
   if (!net) testDestroyed();
   testAsync();

@@ -1,14 +1,28 @@
 #!/usr/bin/env bash
 # test/test_fault.sh - failures that need more than one MPI job can show (`make test-fault`).
 #
-#   kill  test_netkill with every rank on one node (shm): rank 1 is SIGKILLed 3 ms into a 32 MiB
-#         all-reduce (mid) or right before it (before), thread or poll mode. Every survivor must
-#         return an error naming rank 1 within TEST_KILL_MAX_S (5 s; GCOMM_TIMEOUT_MS is 60 s, so
-#         only the pid and status probes can find it), then abort and destroy must succeed, and
-#         no segment of the job may be left in /dev/shm.
+#   kill  test_netkill with every rank on one node (shm): the last rank is SIGKILLed 3 ms into a
+#         32 MiB all-reduce (mid) or right before it (before), thread or poll mode. The ranks run
+#         under plain mpiexec as users start them; only the victim has a parent that does not
+#         reap it until the survivors have reported, so that it stays a zombie (as it does under
+#         a launcher that reaps late: kill(pid, 0) still finds a zombie). Every survivor must
+#         return an error naming the dead rank within TEST_KILL_MAX_S (2 s; GCOMM_TIMEOUT_MS is
+#         5 s, so only the probes can find it), then abort and destroy must succeed, and no
+#         segment of the job may be left in /dev/shm. (MPICH's hydra, when a rank is killed by a
+#         signal and its proxy reaps it, SIGKILLs the other ranks at once, -disable-auto-cleanup
+#         or not: there is then no survivor to return anything.)
 #   hang  test_fault with TEST_FAULT_HANG=2 on 4 ranks: rank 2 skips a collective, the others
 #         hang. Every rank is sent GCOMM_PROXY_DUMP_SIGNAL; tools/hang_report.py, given every
 #         rank's log, must say that rank 2 is behind.
+#   init  test_init in hostile environments: GCOMM_ALGO set differently on two ranks (MPMD
+#         launch line): init fails on both naming it; 8 ranks in a 64 MB /dev/shm (a mount
+#         namespace; root only): a clear error at init naming --shm-size, never a signal, and
+#         with smaller FIFOs a working communicator
+#   log   GCOMM_DEBUG=WRN, GCOMM_DEBUG_SUBSYS=abc: a warning naming the valid values, and the
+#         other warnings still shown; GCOMM_DEBUG_FILE through a symbolic link: refused with a
+#         warning on stderr; a new log file has mode 0600
+#   stale a segment named as gcomm names them, of a pid that no longer exists, is removed by the
+#         next init; one of a live pid, or of another pid namespace, is kept
 #   soak  test_soak on 4 ranks (TEST_SOAK_SMALL small and TEST_SOAK_LARGE large collectives):
 #         memory, file descriptors and /dev/shm stable (the program checks and prints them).
 #
@@ -27,14 +41,23 @@ export HWLOC_PLUGINS_PATH=${HWLOC_PLUGINS_PATH:-/nonexistent}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 out=$tmp/out
-# A shell stays the parent of each rank: it reaps a killed rank at once (a zombie would still look
-# alive to kill(pid, 0)) and ignores the SIGUSR1 that hydra sends the survivors of a dead rank.
-cat >"$tmp/wrap.sh" <<'WRAP'
-#!/usr/bin/env bash
-trap '' USR1
-"$@"
-WRAP
-chmod +x "$tmp/wrap.sh"
+# The victim's parent: it starts the rank and reaps it only once the survivors have written their
+# results ($1: the directory, $2: how many), so that a killed victim stays a zombie meanwhile. It
+# ignores the SIGUSR1 that hydra sends when a survivor leaves without MPI_Finalize (its death
+# would make hydra SIGKILL the survivors still reporting).
+cat >"$tmp/keeper.py" <<'KEEPER'
+import os, signal, sys, time
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[3], sys.argv[3:])
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+deadline = time.time() + 60
+while time.time() < deadline:
+    if sum(f.startswith("rank") for f in os.listdir(sys.argv[1])) >= int(sys.argv[2]): break
+    time.sleep(0.05)
+_, status = os.waitpid(pid, 0)
+sys.exit(0 if os.WIFSIGNALED(status) else 1)
+KEEPER
 
 mpiexec_flags=()
 if "$MPIEXEC" --version 2>&1 | grep -qi "open mpi\|openrte"; then
@@ -57,14 +80,15 @@ for cfg in $KILLS; do
   [ "${rest#*/}" = poll ] && poll=1
   dir=$tmp/kill-$n-$moment-$poll
   mkdir -p "$dir"
-  echo "== test_netkill over shm: $n ranks, rank 1 killed $moment the all-reduce$([ $poll = 1 ] && echo ", poll mode")"
+  victim=$((n - 1))
+  echo "== test_netkill over shm: $n ranks, rank $victim killed $moment the all-reduce$([ $poll = 1 ] && echo ", poll mode"), a zombie until the end"
   t0=$(date +%s)
-  TEST_KILL_RANK=1 TEST_KILL_MOMENT=$moment TEST_POLL=$poll TEST_NETKILL_DIR="$dir" \
-    TEST_KILL_MAX_S=5 GCOMM_TIMEOUT_MS=60000 timeout -k 5 120 "$MPIEXEC" "${mpiexec_flags[@]}" \
-    "${keep[@]}" -n "$n" "$tmp/wrap.sh" "$BUILD/test/test_netkill" >"$out" 2>&1
+  TEST_KILL_RANK=$victim TEST_KILL_MOMENT=$moment TEST_POLL=$poll TEST_NETKILL_DIR="$dir" \
+    TEST_KILL_MAX_S=2 GCOMM_TIMEOUT_MS=5000 timeout -k 5 120 "$MPIEXEC" "${mpiexec_flags[@]}" \
+    "${keep[@]}" -n "$victim" "$BUILD/test/test_netkill" : \
+    -n 1 python3 "$tmp/keeper.py" "$dir" "$victim" "$BUILD/test/test_netkill" >"$out" 2>&1
   [ $? = 124 ] && fail "kill $cfg: the job hung"
-  for ((r = 0; r < n; r++)); do
-    [ "$r" = 1 ] && continue
+  for ((r = 0; r < victim; r++)); do
     if [ -s "$dir/rank$r" ]; then
       sed -E "s#^(PASS|FAIL) netkill:#\1 kill shm $cfg:#" "$dir/rank$r" | cut -c1-400
       if grep -q '^PASS' "$dir/rank$r"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
@@ -105,6 +129,81 @@ if [ "$rc" = 0 ] && grep -q '^verdict: .*: rank 2 behind' "$tmp/report"; then
 else
   fail "hang: tools/hang_report.py did not name rank 2 (exit $rc)"
 fi
+
+# ---- init in hostile environments (test_init) ----
+# Runs test_init under mpiexec with the arguments given; its PASS/FAIL lines count, and a non-zero
+# exit (a signal, an MPI abort) is one more failure.
+runInit() {
+  local what=$1
+  shift
+  echo "== init: $what"
+  timeout -k 5 120 "$@" >"$out" 2>"$tmp/err"
+  local rc=$?
+  sed -E "s#^(PASS|FAIL) init:#\1 init ($what):#" "$out" | grep -E '^(PASS|FAIL|#) '
+  passed=$((passed + $(grep -c '^PASS ' "$out")))
+  failed=$((failed + $(grep -c '^FAIL ' "$out")))
+  if [ "$rc" != 0 ]; then
+    fail "init ($what): exited with status $rc"
+    grep -v 'GCOMM WARN' "$tmp/err" | tail -5
+  fi
+}
+
+# ranks that set GCOMM_ALGO differently, as users do with MPMD launch lines
+TEST_INIT_REFUSAL="ranks disagree on GCOMM_ALGO" runInit "GCOMM_ALGO ring on rank 0, tree on rank 1" \
+  "$MPIEXEC" "${mpiexec_flags[@]}" -n 1 env GCOMM_ALGO=ring "$BUILD/test/test_init" : \
+  -n 1 env GCOMM_ALGO=tree "$BUILD/test/test_init"
+
+# Docker's default /dev/shm (64 MB), in a mount namespace of its own (needs root; else skipped):
+# 8 ranks with the default FIFOs do not fit (a clear error at init, naming the remedy), smaller
+# FIFOs do (the 1 MiB all-to-all runs)
+if unshare -m true 2>/dev/null; then
+  small=(unshare -m sh -c 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"' sh)
+  TEST_INIT_REFUSAL="docker run --shm-size" runInit "8 ranks, a 64 MB /dev/shm" \
+    "${small[@]}" "$MPIEXEC" "${mpiexec_flags[@]}" -n 8 "$BUILD/test/test_init"
+  GCOMM_BUFFSIZE=128K GCOMM_NCHANNELS=1 runInit "8 ranks, a 64 MB /dev/shm, GCOMM_BUFFSIZE=128K" \
+    "${small[@]}" "$MPIEXEC" "${mpiexec_flags[@]}" -n 8 "$BUILD/test/test_init"
+else
+  echo "# init: no mount namespace here (unshare -m needs root): the small /dev/shm runs are skipped"
+fi
+
+# ---- logging settings that are wrong must say so, never silence warnings ----
+# Runs test_init on 1 rank under the environment given; $1: what stderr must contain.
+expectStderr() {
+  local want=$1
+  shift
+  env "$@" timeout -k 5 60 "$MPIEXEC" "${mpiexec_flags[@]}" -n 1 "$BUILD/test/test_init" >"$out" 2>"$tmp/err"
+  if [ $? = 0 ] && grep -qF "$want" "$tmp/err"; then pass "log ($*): stderr says \"$want\""
+  else fail "log ($*): stderr does not say \"$want\": $(head -c 600 "$tmp/err")"; fi
+}
+echo "== logging: bad GCOMM_DEBUG, GCOMM_DEBUG_SUBSYS and GCOMM_DEBUG_FILE"
+expectStderr 'GCOMM_NCHANNELS="abc" is not valid' GCOMM_DEBUG_SUBSYS=abc GCOMM_NCHANNELS=abc
+expectStderr 'GCOMM_DEBUG_SUBSYS="abc" names no subsystem' GCOMM_DEBUG_SUBSYS=abc
+expectStderr 'GCOMM_DEBUG="WRN" is not a level (NONE, WARN, INFO or TRACE)' GCOMM_DEBUG=WRN
+ln -s "$tmp/target" "$tmp/link"
+expectStderr "GCOMM_DEBUG_FILE: cannot open $tmp/link" GCOMM_DEBUG_FILE="$tmp/link"
+if [ -e "$tmp/target" ]; then fail "log: GCOMM_DEBUG_FILE followed a symbolic link and created its target"
+else pass "log: GCOMM_DEBUG_FILE through a symbolic link: refused, its target not created"; fi
+GCOMM_DEBUG=INFO GCOMM_DEBUG_FILE="$tmp/log.%p" timeout -k 5 60 "$MPIEXEC" "${mpiexec_flags[@]}" -n 1 \
+  "$BUILD/test/test_init" >"$out" 2>&1
+mode=$(stat -c %a "$tmp"/log.* 2>/dev/null | head -1)
+if [ "$mode" = 600 ]; then pass "log: GCOMM_DEBUG_FILE is created with mode 0600"
+else fail "log: GCOMM_DEBUG_FILE has mode ${mode:-(not created)}, not 0600"; fi
+
+# ---- segments left by a job killed during init: the next init removes them ----
+echo "== leftover segments: one of a dead process (removed), of a live one and of another pid namespace (kept)"
+ns=$(stat -L -c %i /proc/self/ns/pid)
+sh -c 'exit 0' &
+dead=$!
+wait $dead
+stale=gcomm-$dead-$ns-0-0-1 live=gcomm-$$-$ns-0-0-2 other=gcomm-$dead-1-0-0-3
+for f in $stale $live $other; do (umask 077 && : >"/dev/shm/$f"); done
+timeout -k 5 60 "$MPIEXEC" "${mpiexec_flags[@]}" -n 1 "$BUILD/test/test_init" >"$out" 2>&1
+if [ ! -e "/dev/shm/$stale" ] && [ -e "/dev/shm/$live" ] && [ -e "/dev/shm/$other" ]; then
+  pass "leftover segments: init removed the dead process's, kept the live one's and the other namespace's"
+else
+  fail "leftover segments: after init: $(cd /dev/shm && ls -d $stale $live $other 2>/dev/null | tr '\n' ' ')(expected $live $other)"
+fi
+rm -f "/dev/shm/$stale" "/dev/shm/$live" "/dev/shm/$other"
 
 # ---- soak ----
 echo "== test_soak: 4 ranks"

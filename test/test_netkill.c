@@ -31,8 +31,10 @@ static double now(void) {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   /* hydra with -disable-auto-cleanup tells the survivors of a dead rank with SIGUSR1, whose
-   * default action would end them too */
+   * default action would end them too; and mpiexec may leave at once, so that their output
+   * then goes to a closed pipe (the results are written to files too) */
   signal(SIGUSR1, SIG_IGN);
+  signal(SIGPIPE, SIG_IGN);
   int rank, n;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);

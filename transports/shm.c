@@ -3,13 +3,14 @@
  *
  * Each rank owns one segment holding the FIFOs that it receives on: one per local sender (itself
  * included, for self sends) and lane. Senders map the receiver's segment and write into it. The
- * segment is sparse (tmpfs allocates a page when it is first touched), so FIFOs that an
- * algorithm never uses cost nothing. Names are unlinked as soon as every rank has mapped them:
- * the memory then lives exactly as long as the processes that map it, even after a crash.
- * The segment's last page holds the rank's gcommStatus_t (its error, its current collectives).
- * A caller may reserve an area before it (gcommShmArea): a GPU communicator's FIFO region when it
- * is staged through host memory (transports/p2p.c); that area is allocated whole at creation.
+ * segment's pages are all reserved at creation (posix_fallocate), so that a /dev/shm too small
+ * for them is an error at init, not a SIGBUS in the middle of a collective. Names are unlinked as
+ * soon as every rank has mapped them: the memory then lives exactly as long as the processes that
+ * map it, even after a crash. The segment's last page holds the rank's gcommStatus_t (its error,
+ * its current collectives). A caller may reserve an area before it (gcommShmArea): a GPU
+ * communicator's FIFO region when it is staged through host memory (transports/p2p.c).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -44,6 +46,54 @@ size_t gcommShmSegmentBytes(size_t slotBytes, int nLanes, int nLocal, size_t are
          STATUS_BYTES;
 }
 
+/* Why a segment could not be reserved, with what it takes: every local rank reserves one. */
+static gcommResult_t noRoom(gcommComm_t comm, int err) {
+  struct gcommShm* shm = comm->shm;
+  struct statvfs fs;
+  unsigned long long freeMb =
+      statvfs("/dev/shm", &fs) == 0 ? (unsigned long long)fs.f_bavail * fs.f_frsize >> 20 : 0;
+  unsigned long long needMb =
+      ((unsigned long long)shm->segBytes * comm->nLocal + (1 << 20) - 1) >> 20;
+  return gcommSetError(comm, gcommSystemError, -1, "gcommShmCreate",
+                       "cannot reserve %zu bytes in /dev/shm for this rank's FIFOs (%s): the %d "
+                       "ranks of this node need %llu MB, /dev/shm has %llu MB free. Give it more "
+                       "(docker run --shm-size=%lluM or more), or lower GCOMM_BUFFSIZE (%zu bytes "
+                       "a FIFO now) or GCOMM_NCHANNELS (%d now)",
+                       shm->segBytes, strerror(err), comm->nLocal, needMb, freeMb, needMb + 64,
+                       (size_t)GCOMM_STEPS * comm->slotBytes, comm->nChannels);
+}
+
+/* The inode of this process's pid namespace (0: unknown): segment names carry it, so that a pid
+ * in a name is only ever judged in the namespace it belongs to. */
+static unsigned long pidNamespace(void) {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? (unsigned long)st.st_ino : 0;
+}
+
+/* A job killed between creating its segments and unlinking them (an init takes a few ms) leaves
+ * them in /dev/shm. Removes those of this user whose creator, by the pid and namespace in the
+ * name, no longer exists; never another live job's, nor a name gcomm did not make. */
+static void removeStaleSegments(unsigned long ns) {
+  DIR* dir = ns ? opendir("/dev/shm") : NULL;
+  if (dir == NULL) return;
+  for (struct dirent* e; (e = readdir(dir)) != NULL;) {
+    int pid, end = 0;
+    unsigned long segNs;
+    struct stat st;
+    if (sscanf(e->d_name, "gcomm-%d-%lu-%*u-%*d-%*x%n", &pid, &segNs, &end) != 2 ||
+        e->d_name[end] != 0 || segNs != ns || pid <= 0 || !gcommProcessIsDead(pid) ||
+        fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != geteuid() ||
+        !S_ISREG(st.st_mode))
+      continue;
+    char name[300];
+    snprintf(name, sizeof(name), "/%s", e->d_name);
+    if (shm_unlink(name) == 0)
+      GCOMM_INFO(GCOMM_SUBSYS_SHM, NULL, "removed %s, left by process %d, which is gone", name,
+                 pid);
+  }
+  closedir(dir);
+}
+
 gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaBytes) {
   static unsigned counter;
   struct gcommShm* shm = calloc(1, sizeof(*shm));
@@ -55,11 +105,14 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaByt
   shm->areaOff = shm->fifoBytes * comm->nLanes * comm->nLocal; /* page-aligned: so is fifoBytes */
   shm->areaBytes = (areaBytes + 4095) & ~(size_t)4095;
   shm->segBytes = gcommShmSegmentBytes(comm->slotBytes, comm->nLanes, comm->nLocal, areaBytes);
-  /* pid, a counter and the clock: a segment left by a dead process that had this pid (killed
-   * between create and unlink; pids wrap) cannot collide with this one (CI met one such) */
+  /* pid, pid namespace, a counter, the rank and the clock: a segment left by a dead process that
+   * had this pid (killed between create and unlink; pids wrap) cannot collide with this one (CI
+   * met one such), and the next init on this machine removes it (removeStaleSegments) */
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
-  snprintf(card->shmName, sizeof(card->shmName), "/gcomm-%d-%u-%d-%lx", (int)getpid(),
+  unsigned long ns = pidNamespace();
+  removeStaleSegments(ns);
+  snprintf(card->shmName, sizeof(card->shmName), "/gcomm-%d-%lu-%u-%d-%lx", (int)getpid(), ns,
            __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED), comm->rank,
            (unsigned long)now.tv_sec * 1000000000ul + (unsigned long)now.tv_nsec);
   snprintf(shm->name, sizeof(shm->name), "%s", card->shmName);
@@ -74,16 +127,13 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaByt
     return GCOMM_ERROR(comm, gcommSystemError, -1, "ftruncate(%s, %zu): %s", card->shmName,
                        shm->segBytes, strerror(err));
   }
-  /* the area is used whole (pinned for a GPU): take its pages now, so that a full /dev/shm is an
-   * error here rather than a SIGBUS at the first touch of a page tmpfs cannot provide */
-  int err = shm->areaBytes ? posix_fallocate(fd, (off_t)shm->areaOff, (off_t)shm->areaBytes) : 0;
-  if (err != 0) {
+  /* take every page now: a full /dev/shm is then an error here, naming the remedy, rather than
+   * a SIGBUS at the first touch of a page tmpfs cannot provide (Docker gives 64 MB by default) */
+  int err = posix_fallocate(fd, 0, (off_t)shm->segBytes);
+  if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
     close(fd);
     gcommShmUnlink(comm);
-    return GCOMM_ERROR(comm, gcommSystemError, -1,
-                       "%s: no room in /dev/shm for the %zu-byte GPU FIFO area (%s): enlarge "
-                       "/dev/shm, or lower GCOMM_BUFFSIZE or GCOMM_NCHANNELS",
-                       card->shmName, shm->areaBytes, strerror(err));
+    return noRoom(comm, err);
   }
   void* p = mmap(NULL, shm->segBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   err = errno;
