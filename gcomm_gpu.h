@@ -74,6 +74,8 @@
 #define cudaIpcCloseMemHandle hipIpcCloseMemHandle
 #define cudaIpcMemLazyEnablePeerAccess hipIpcMemLazyEnablePeerAccess
 #define cudaStreamQuery hipStreamQuery
+#define cudaFuncAttributes hipFuncAttributes
+#define cudaFuncGetAttributes hipFuncGetAttributes
 /* destroy's wait: an event after each stream's latest launch, none while capturing */
 #define cudaEvent_t hipEvent_t
 #define cudaEventCreateWithFlags hipEventCreateWithFlags

@@ -814,6 +814,8 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
   }
 }
 
+__global__ void gcommTimerPingKernel(volatile uint64_t* flags);
+
 template <int W, bool LL_ONLY>
 static int launch(const gcommDevLaunch_t* src, void* stream) {
   KArgs<W> k;
@@ -857,6 +859,28 @@ extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
                                       : launch<GCOMM_DEV_MAX_WORKS, true>(args, stream);
   return small ? launch<GCOMM_DEV_SMALL_WORKS, false>(args, stream)
                : launch<GCOMM_DEV_MAX_WORKS, false>(args, stream);
+}
+
+/* Loads every kernel instantiation now (cudaFuncGetAttributes loads a function's code, as NCCL
+ * does at init). With lazy loading (CUDA_MODULE_LOADING=LAZY, CUDA's default) a kernel's code is
+ * otherwise loaded at its first launch, mid-run: the first Simple operation after a run of small
+ * LL ones, the first group of more than 8 works. Under MPS the ranks sharing a GPU share its
+ * context, and that load waited for the kernels already running there, among them the peers'
+ * kernels that spin until this rank's kernel sends: the ranks stalled until GCOMM_TIMEOUT_MS
+ * (4 ranks on one H100, an all-reduce sweep from 32 KB to 256 KB). Loaded at init, no launch ever
+ * waits for code. */
+extern "C" int gcommKernelsLoad(void) {
+  const void* fns[] = {(const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, true>,
+                       (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, true>,
+                       (const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, false>,
+                       (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, false>,
+                       (const void*)gcommTimerPingKernel};
+  for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaFuncGetAttributes(&attr, fns[i]);
+    if (e != cudaSuccess) return (int)e;
+  }
+  return (int)cudaSuccess;
 }
 
 /* ---- profiler: the offset between %globaltimer and the host's clock (gcommKernelTimerPing) ----
