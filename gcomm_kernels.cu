@@ -863,12 +863,11 @@ extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
 
 /* Loads every kernel instantiation now (cudaFuncGetAttributes loads a function's code, as NCCL
  * does at init). With lazy loading (CUDA_MODULE_LOADING=LAZY, CUDA's default) a kernel's code is
- * otherwise loaded at its first launch, mid-run: the first Simple operation after a run of small
- * LL ones, the first group of more than 8 works. Under MPS the ranks sharing a GPU share its
- * context, and that load waited for the kernels already running there, among them the peers'
- * kernels that spin until this rank's kernel sends: the ranks stalled until GCOMM_TIMEOUT_MS
- * (4 ranks on one H100, an all-reduce sweep from 32 KB to 256 KB). Loaded at init, no launch ever
- * waits for code. */
+ * otherwise loaded at its first launch, mid-run (the first Simple operation after a run of small
+ * LL ones, the first group of more than 8 works) while the peers' kernels already spin waiting
+ * for this rank's, under MPS in the context they share with it: 4 ranks on one H100 under MPS
+ * once stalled there until GCOMM_TIMEOUT_MS, at their first Simple all-reduce after 32 KB LL
+ * ones. Loaded at init, no launch waits for code on the operations' critical path. */
 extern "C" int gcommKernelsLoad(void) {
   const void* fns[] = {(const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, true>,
                        (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, true>,

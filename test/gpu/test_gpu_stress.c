@@ -236,6 +236,15 @@ typedef struct {
   uint64_t rng;
 } StressComm;
 
+/* Waits for a chain; a failure names the communicator and the chain, and ends the run. */
+static void waitChain(const StressComm* sc, cudaStream_t s, int chain) {
+  gcommResult_t r = gcommWait(sc->comm, s);
+  if (r == gcommSuccess) return;
+  fprintf(stderr, "FAIL rank %d: communicator %s chain %d: gcommWait -> %s: %s\n", rank, sc->label,
+          chain, gcommGetErrorString(r), gcommGetLastError(NULL));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 static void initComms(StressComm* sc, int n, uint64_t seed) {
   for (int i = 0; i < n; i++) {
     if (sc[i].algo) setenv("GCOMM_ALGO", sc[i].algo, 1);
@@ -290,7 +299,7 @@ int main(int argc, char** argv) {
       CU(cudaDeviceSynchronize());
       straggle(&sc[i].rng);
       for (int j = 0; j < perChain; j++) enqueueOp(sc[i].comm, s, &ops[j], dIn, dOut);
-      CK(gcommWait(sc[i].comm, s));
+      waitChain(&sc[i], s, c);
       CU(cudaMemcpy(hOut, dOut, outAt, cudaMemcpyDeviceToHost));
       int wrong = checkChain(ops, perChain, hOut, sc[i].label, c);
       failures += wrong;
