@@ -198,7 +198,7 @@ ifeq ($(CUDA),1)
 $(BUILD)/test/gpu/%: test/gpu/%.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
-gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/gcomm_perf $(PLUGINS)
+gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/test/gpu/test_gpu_stress $(BUILD)/gcomm_perf $(PLUGINS)
 .PHONY: gpu-test
 endif
 

@@ -1671,12 +1671,33 @@ static void installDumpSignal(gcommComm_t comm) {
 typedef struct {
   uint64_t node, pci;
   int64_t sms; /* -1: a host communicator's rank */
+  int64_t mps; /* the rank reaches its GPU through MPS */
 } gpuOfRank_t;
 
 static int gpuOfRankCompare(const void* a, const void* b) {
   const gpuOfRank_t *x = a, *y = b;
   if (x->node != y->node) return x->node < y->node ? -1 : 1;
   return x->pci < y->pci ? -1 : x->pci > y->pci;
+}
+
+/* Ranks that share a GPU without MPS time-slice it: a kernel waiting for a peer's kernel holds
+ * the GPU for its whole slice, and each operation takes milliseconds whatever its size. Said once
+ * per process (rank 0 of the first such communicator), with what to do about it; GCOMM_DEBUG=INFO
+ * shows every communicator's finding. */
+static void noteGpuSharing(gcommComm_t comm, int sharing, int sharingNoMps) {
+  static int warned;
+  if (comm->device < 0) return;
+  GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
+             "GPU sharing: up to %d ranks of this communicator on one GPU; this rank %s MPS%s",
+             sharing, comm->deviceMps ? "runs under" : "does not run under",
+             sharingNoMps ? ": ranks share a GPU without MPS (time-sliced)" : "");
+  if (sharingNoMps == 0 || comm->rank != 0 || __atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+    return;
+  GCOMM_WARN(comm,
+             "%d ranks share one GPU without MPS: their kernels time-slice the GPU and every "
+             "operation waits for a time slice (milliseconds at any size); start the MPS daemon "
+             "(nvidia-cuda-mps-control -d) before the ranks",
+             sharingNoMps);
 }
 
 /* Collective (every rank). The channel (block) count a GPU communicator uses by default. A block
@@ -1688,7 +1709,8 @@ static int gpuOfRankCompare(const void* a, const void* b) {
  * nodes 4: each lane to a remote rank pins 2 FIFOs of host memory, and the network sets the pace;
  * staged through host memory (GCOMM_P2P_DISABLE) 16: PCIe sets it; 16 with copy engines too. */
 static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* nChannels) {
-  gpuOfRank_t mine = {hostId, comm->devicePci, comm->device >= 0 ? comm->deviceSMs : -1};
+  gpuOfRank_t mine = {hostId, comm->devicePci, comm->device >= 0 ? comm->deviceSMs : -1,
+                      comm->device >= 0 && comm->deviceMps};
   gpuOfRank_t* all = calloc(comm->nranks, sizeof(*all));
   if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   int rc = MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all, sizeof(mine), MPI_BYTE, comm->mpiComm);
@@ -1698,14 +1720,18 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
   }
   qsort(all, comm->nranks, sizeof(*all), gpuOfRankCompare);
   int64_t fewestSms = INT64_MAX;
-  int sharing = 1; /* the most ranks on one GPU */
-  for (int i = 0, run = 0; i < comm->nranks; i++) {
+  int sharing = 1, sharingNoMps = 0; /* the most ranks on one GPU; without MPS */
+  for (int i = 0, run = 0, noMps = 0; i < comm->nranks; i++) {
     if (all[i].sms < 0) continue;
     if (all[i].sms < fewestSms) fewestSms = all[i].sms;
-    run = i > 0 && gpuOfRankCompare(&all[i], &all[i - 1]) == 0 ? run + 1 : 1;
+    int same = i > 0 && all[i - 1].sms >= 0 && gpuOfRankCompare(&all[i], &all[i - 1]) == 0;
+    run = same ? run + 1 : 1;
+    noMps = (same ? noMps : 0) || !all[i].mps;
     if (run > sharing) sharing = run;
+    if (run > 1 && noMps && run > sharingNoMps) sharingNoMps = run;
   }
   free(all);
+  noteGpuSharing(comm, sharing, sharingNoMps);
   int nch = comm->nLocal > 4 ? GCOMM_MAX_CHANNELS / 2 : GCOMM_MAX_CHANNELS;
   while (nch > 1 && (nch > fewestSms || (int64_t)sharing * nch > 2 * fewestSms)) nch /= 2;
   /* a small LL launch runs up to GCOMM_DEV_SMALL_WORKS blocks at 1 an SM (blocks of ranks sharing

@@ -118,6 +118,9 @@ typedef struct {
 
 /* gcomm_kernels.cu: one kernel launch on stream (a cudaStream_t). Returns a cudaError_t. */
 int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream);
+/* Loads the code of every kernel (at init: never at a launch, see gcomm_kernels.cu). Returns a
+ * cudaError_t. */
+int gcommKernelsLoad(void);
 /* Profiler clock: one thread sets flags[0], waits for the host to set flags[1], then writes
  * %globaltimer to flags[2] and sets flags[3] (flags: mapped host memory, device pointer). */
 int gcommKernelTimerPing(volatile uint64_t* flags, void* stream);

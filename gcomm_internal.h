@@ -251,6 +251,7 @@ struct gcommComm {
    * (GCOMM_PDL, and there is room for two) */
   int smallKernel, launchOverlap;
   uint64_t devicePci; /* GPU communicators: the GPU's PCI domain, bus and device */
+  int deviceMps;      /* GPU communicators: this process reaches its GPU through MPS */
   int nLocal;         /* ranks on this node */
   gcommCard_t* cards; /* every rank's card */
   char name[64];

@@ -636,10 +636,18 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
    * gcommComm.launchOverlap counts on it). */
   gcommGpuGridWait();
   if (LL_ONLY && W <= GCOMM_DEV_SMALL_WORKS) gcommGpuLaunchDependents();
+  /* The counters are what one launch hands the next (which slot, which LL flag), written back by
+   * blocks on other multiprocessors, so they are read and written through L2 alone: a value from
+   * a stale L1 line would make this launch reuse the previous one's steps, and its peers would
+   * find the next operation's data in a slot where they expect this one's. With plain loads,
+   * which may hit L1, ranks sharing an H100 under MPS saw just that: some lanes of a rank one
+   * operation behind ("rank 0 made a different call: its collective is seq 35 where this rank's
+   * is seq 34"; with 8 ranks in 10 of 20 stress runs). */
   if (cached) {
     const size_t nc = (size_t)comm.nLanes * n;
     for (int i = tid; i < NC * n; i += blockDim.x) /* independent loads: one round trip */
-      vals[i] = vals[NC * n + i] = comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n];
+      vals[i] = vals[NC * n + i] =
+          gcommGpuLdCounter(&comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n]);
   }
   __syncthreads();
   for (int wi = a.first[blockIdx.x]; wi < a.first[blockIdx.x + 1]; wi++) {
@@ -810,9 +818,11 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
     const size_t nc = (size_t)comm.nLanes * n;
     for (int i = tid; i < NC * n; i += blockDim.x)
       if (vals[i] != vals[NC * n + i])
-        comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n] = vals[i];
+        gcommGpuStCounter(&comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n], vals[i]);
   }
 }
+
+__global__ void gcommTimerPingKernel(volatile uint64_t* flags);
 
 template <int W, bool LL_ONLY>
 static int launch(const gcommDevLaunch_t* src, void* stream) {
@@ -857,6 +867,27 @@ extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
                                       : launch<GCOMM_DEV_MAX_WORKS, true>(args, stream);
   return small ? launch<GCOMM_DEV_SMALL_WORKS, false>(args, stream)
                : launch<GCOMM_DEV_MAX_WORKS, false>(args, stream);
+}
+
+/* Loads every kernel instantiation now (cudaFuncGetAttributes loads a function's code, as NCCL
+ * does at init). With lazy loading (CUDA_MODULE_LOADING=LAZY, CUDA's default) a kernel's code is
+ * otherwise loaded at its first launch, mid-run (the first Simple operation after a run of small
+ * LL ones, the first group of more than 8 works) while the peers' kernels already spin waiting
+ * for this rank's, under MPS in the context they share with it: 4 ranks on one H100 under MPS
+ * once stalled there until GCOMM_TIMEOUT_MS, at their first Simple all-reduce after 32 KB LL
+ * ones. Loaded at init, no launch waits for code on the operations' critical path. */
+extern "C" int gcommKernelsLoad(void) {
+  const void* fns[] = {(const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, true>,
+                       (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, true>,
+                       (const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, false>,
+                       (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, false>,
+                       (const void*)gcommTimerPingKernel};
+  for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaFuncGetAttributes(&attr, fns[i]);
+    if (e != cudaSuccess) return (int)e;
+  }
+  return (int)cudaSuccess;
 }
 
 /* ---- profiler: the offset between %globaltimer and the host's clock (gcommKernelTimerPing) ----

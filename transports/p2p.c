@@ -120,6 +120,10 @@ gcommResult_t gcommDeviceSelect(gcommComm_t comm, const gcommConfig_t* config) {
   CUDA_CHECK(comm, -1, cudaDeviceGetAttribute(&bus, cudaDevAttrPciBusId, want));
   CUDA_CHECK(comm, -1, cudaDeviceGetAttribute(&dev, cudaDevAttrPciDeviceId, want));
   comm->devicePci = ((uint64_t)domain << 16) | ((uint64_t)bus << 8) | (uint64_t)dev;
+  comm->deviceMps = 0;
+#ifndef GCOMM_HIP /* ROCm has no MPS: processes sharing a GPU always time-slice it */
+  CUDA_CHECK(comm, -1, cudaDeviceGetAttribute(&comm->deviceMps, cudaDevAttrMpsEnabled, want));
+#endif
   return gcommSuccess;
 }
 
@@ -258,6 +262,11 @@ static gcommResult_t registerArea(gcommComm_t comm, int rank, char** region) {
 gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card) {
   struct gcommDev* d = comm->dev;
   CUDA_CHECK(comm, -1, cudaSetDevice(comm->device));
+  /* every kernel's code now, not at its first launch (gcommKernelsLoad says why) */
+  cudaError_t loaded = (cudaError_t)gcommKernelsLoad();
+  if (loaded != cudaSuccess)
+    return GCOMM_ERROR(comm, gcommDeviceError, -1, "loading the kernels failed: %s (%s)",
+                       cudaGetErrorName(loaded), cudaGetErrorString(loaded));
   d->peerRegion = calloc(comm->nranks, sizeof(char*));
   d->args = malloc(sizeof(gcommDevLaunch_t));
   if (d->peerRegion == NULL || d->args == NULL)

@@ -5,9 +5,9 @@
 # engines, the network. Logs go to $OUT (or ./gpu-logs).
 # Usage (from the repository root): bash test/gpu/run.sh
 # STAGES picks parts (default: all but knobs, channels and algos): build test perf sweep knobs
-# channels algos large quick profiler sanitizer host p2pdisable ce net hmem.
+# channels algos large quick mps profiler sanitizer host p2pdisable ce net hmem.
 # One device call may run 10 minutes: split the stages over two calls when all do not fit.
-STAGES=${STAGES:-"build test perf sweep large quick profiler sanitizer host p2pdisable ce net hmem"}
+STAGES=${STAGES:-"build test perf sweep large quick mps profiler sanitizer host p2pdisable ce net hmem"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 B=${BUILD:-build-gpu}
@@ -79,6 +79,31 @@ want quick && step quick_4r${NG}g 200 $RUN 4 $B/test/gpu/test_gpu --quick
 want quick && [ "$NG" -gt 2 ] && step quick_$((2 * NG))r${NG}g 300 $RUN $((2 * NG)) $B/test/gpu/test_gpu --quick
 want quick && TEST_NGPUS=1 step quick_2r1g 120 $RUN 2 $B/test/gpu/test_gpu --quick
 want quick && TEST_NGPUS=1 step quick_4r1g 200 $RUN 4 $B/test/gpu/test_gpu --quick
+# ranks sharing one GPU under MPS (the daemon started and stopped here): the stress test (chains
+# of random collectives and sizes across the LL/Simple threshold, several communicators) at 4 and
+# 8 ranks on GPU 0, and the all-reduce sweep at 4 ranks, each run MPS_RUNS / MPS_SWEEPS times;
+# every run's output goes to one log per kind, the summary counts the runs that passed. A run
+# that fails may leave the daemon refusing clients: it is restarted then.
+if want mps && command -v nvidia-cuda-mps-control >/dev/null; then
+  export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
+  MPSENV=""; [ "$MPICC" = mpicc ] && MPSENV="-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d
+  repeat() { # name runs timeout command...: "name: P of N runs passed"
+    local name=$1 runs=$2 t=$3 pass=0; shift 3
+    for i in $(seq "$runs"); do
+      echo "=== $name run $i: $*" >> "$OUT/$name.log"
+      if timeout -k 5 "$t" "$@" >> "$OUT/$name.log" 2>&1; then pass=$((pass + 1)); else
+        echo quit | nvidia-cuda-mps-control; sleep 1; nvidia-cuda-mps-control -d
+      fi
+    done
+    echo "=== $name: $pass of $runs runs passed $([ $pass = "$runs" ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
+  }
+  for n in 4 8; do
+    TEST_NGPUS=1 repeat mps_stress_${n}r1g "${MPS_RUNS:-50}" 120 $RUN $n $MPSENV $B/test/gpu/test_gpu_stress
+  done
+  TEST_NGPUS=1 GCOMM_TIMEOUT_MS=8000 repeat mps_sweep_4r1g "${MPS_SWEEPS:-30}" 120 $RUN 4 $MPSENV $B/gcomm_perf --coll allreduce -b 8 -e 16M -f 8 -n 50 -w 10 -R 1 --backend gcomm
+  echo quit | nvidia-cuda-mps-control
+fi
 # the profiler on GPU communicators: kernel-channel events from device timestamps, merged and
 # checked (valid JSON, one track per rank, children inside their parents)
 if want profiler; then
