@@ -152,13 +152,6 @@ static __device__ __forceinline__ uint4 gcommGpuLdFifo(const uint4* p) {
   v.w = (unsigned)(hi >> 32);
   return v;
 }
-/* A block's step counters, handed from launch to launch across multiprocessors: around L1. */
-static __device__ __forceinline__ uint64_t gcommGpuLdCounter(const uint64_t* p) {
-  return __hip_atomic_load((uint64_t*)p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
-}
-static __device__ __forceinline__ void gcommGpuStCounter(uint64_t* p, uint64_t v) {
-  __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
-}
 /* LL lines: each 8-byte half {data, flag} is one single-copy-atomic access, so a half is either
  * old or new as a whole; the reader checks both flags. */
 static __device__ __forceinline__ uint4 gcommGpuLlLoad(const uint4* p) {
@@ -219,14 +212,6 @@ static __device__ __forceinline__ uint64_t gcommGpuTimerNs() {
  * not coherent, but keep L2 (ld.global.cg), which is. */
 static __device__ __forceinline__ uint4 gcommGpuLdFifo(const uint4* p) {
   return __ldcg(p);
-}
-/* A block's step counters, handed from launch to launch across multiprocessors: through L2 only
- * (gcomm_kernels.cu says why). */
-static __device__ __forceinline__ uint64_t gcommGpuLdCounter(const uint64_t* p) {
-  return (uint64_t)__ldcg((const unsigned long long*)p);
-}
-static __device__ __forceinline__ void gcommGpuStCounter(uint64_t* p, uint64_t v) {
-  __stcg((unsigned long long*)p, (unsigned long long)v);
 }
 /* LL lines: one 16-byte volatile access (each 8-byte half carries its own flag, so even a torn
  * line is detected by the reader). */

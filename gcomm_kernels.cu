@@ -636,18 +636,10 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
    * gcommComm.launchOverlap counts on it). */
   gcommGpuGridWait();
   if (LL_ONLY && W <= GCOMM_DEV_SMALL_WORKS) gcommGpuLaunchDependents();
-  /* The counters are what one launch hands the next (which slot, which LL flag), written back by
-   * blocks on other multiprocessors, so they are read and written through L2 alone: a value from
-   * a stale L1 line would make this launch reuse the previous one's steps, and its peers would
-   * find the next operation's data in a slot where they expect this one's. With plain loads,
-   * which may hit L1, ranks sharing an H100 under MPS saw just that: some lanes of a rank one
-   * operation behind ("rank 0 made a different call: its collective is seq 35 where this rank's
-   * is seq 34"; with 8 ranks in 10 of 20 stress runs). */
   if (cached) {
     const size_t nc = (size_t)comm.nLanes * n;
     for (int i = tid; i < NC * n; i += blockDim.x) /* independent loads: one round trip */
-      vals[i] = vals[NC * n + i] =
-          gcommGpuLdCounter(&comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n]);
+      vals[i] = vals[NC * n + i] = comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n];
   }
   __syncthreads();
   for (int wi = a.first[blockIdx.x]; wi < a.first[blockIdx.x + 1]; wi++) {
@@ -818,7 +810,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
     const size_t nc = (size_t)comm.nLanes * n;
     for (int i = tid; i < NC * n; i += blockDim.x)
       if (vals[i] != vals[NC * n + i])
-        gcommGpuStCounter(&comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n], vals[i]);
+        comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n] = vals[i];
   }
 }
 
