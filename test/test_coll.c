@@ -550,15 +550,17 @@ static int addCases(Case* cases, int ncases, CollId coll, gcommDataType_t type, 
 }
 
 /* The type/op pairs collective k runs on variant v: the section's pairs (NULL: every type and op,
- * or with v->sparse one op a type); for data movement, each distinct type once; when k lacks the
+ * PreMulSum with one scalar residence a type, alternating; or with v->sparse one op a type); for data movement, each distinct type once; when k lacks the
  * algorithm v forces, one pair only: it must fall back. Returns how many went to out. */
 static int pairsFor(const Coll* k, const Variant* v, const TypeOp* pairs, int npairs, TypeOp* out) {
   TypeOp all[gcommNumTypes * NUM_TEST_OPS];
   if (!pairs) {
     npairs = 0;
     for (int t = 0; t < gcommNumTypes; t++)
-      for (int op = 0; op < NUM_TEST_OPS; op++)
+      for (int op = 0; op < NUM_TEST_OPS; op++) {
+        if (op >= PREMUL && op != PREMUL + t % 2) continue; /* one residence a type */
         if (!v->sparse || op == t % NUM_TEST_OPS) all[npairs++] = (TypeOp){t, op};
+      }
     pairs = all;
   }
   int n = 0;
