@@ -110,17 +110,15 @@ struct Dt<11> {
   enum { K = K_E5M2 };
 };
 
-/* The narrow floats' conversions; fp8's are gcomm_reduce.h's, the host executor's own code. */
+/* The narrow floats' conversions (gcomm_gpu.h: the GPU's own where it has them). */
 template <int K, typename T>
 static __device__ __forceinline__ float toF(T h) {
   if constexpr (K == K_HALF)
     return gcommGpuHalfToF(h);
   else if constexpr (K == K_BF16)
     return gcommGpuBf16ToF(h);
-  else if constexpr (K == K_E4M3)
-    return gcommFp8e4m3ToFloat(h);
   else
-    return gcommFp8e5m2ToFloat(h);
+    return gcommGpuFp8ToF(h, K == K_E5M2);
 }
 template <int K>
 static __device__ __forceinline__ auto fromF(float f) {
@@ -129,7 +127,7 @@ static __device__ __forceinline__ auto fromF(float f) {
   else if constexpr (K == K_BF16)
     return gcommGpuFToBf16(f);
   else
-    return gcommFloatToFp8(f, K == K_E5M2);
+    return gcommGpuFToFp8(f, K == K_E5M2);
 }
 
 template <int DT, int OP>
