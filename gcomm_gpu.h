@@ -178,6 +178,13 @@ static __device__ __forceinline__ float gcommGpuBf16ToF(uint16_t h) {
 static __device__ __forceinline__ uint16_t gcommGpuFToBf16(float f) {
   return gcommFloatToBf16(f);
 }
+/* fp8: gcomm_reduce.h's conversions */
+static __device__ __forceinline__ float gcommGpuFp8ToF(uint8_t x, int e5m2) {
+  return e5m2 ? gcommFp8e5m2ToFloat(x) : gcommFp8e4m3ToFloat(x);
+}
+static __device__ __forceinline__ uint8_t gcommGpuFToFp8(float f, int e5m2) {
+  return gcommFloatToFp8(f, e5m2);
+}
 #endif /* __HIPCC__ */
 
 #else
@@ -185,6 +192,9 @@ static __device__ __forceinline__ uint16_t gcommGpuFToBf16(float f) {
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "gcomm_reduce.h" /* fp8 on GPUs before sm_89 */
 #include <cuda_runtime.h>
 #else
 #include <cuda_runtime_api.h>
@@ -252,6 +262,23 @@ static __device__ __forceinline__ float gcommGpuBf16ToF(uint16_t h) {
 }
 static __device__ __forceinline__ uint16_t gcommGpuFToBf16(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+/* fp8: the GPU's conversions from sm_89 (one instruction each, where gcomm_reduce.h's would be
+ * dozens in every unrolled step); cuda_fp8.h's host emulation of them gives the same bits as
+ * gcomm_reduce.h's for every float and every fp8 value. Older GPUs: gcomm_reduce.h's. */
+static __device__ __forceinline__ float gcommGpuFp8ToF(uint8_t x, int e5m2) {
+#if __CUDA_ARCH__ >= 890
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(x, e5m2 ? __NV_E5M2 : __NV_E4M3)));
+#else
+  return e5m2 ? gcommFp8e5m2ToFloat(x) : gcommFp8e4m3ToFloat(x);
+#endif
+}
+static __device__ __forceinline__ uint8_t gcommGpuFToFp8(float f, int e5m2) {
+#if __CUDA_ARCH__ >= 890
+  return __nv_cvt_float_to_fp8(f, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+#else
+  return gcommFloatToFp8(f, e5m2);
+#endif
 }
 #endif /* __CUDACC__ */
 #endif /* GCOMM_HIP */

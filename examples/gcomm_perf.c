@@ -125,7 +125,8 @@ static void usage(const char* prog) {
       "\t[-R,--rounds <turns>] with several backends, each times its iterations in this many "
       "turns,\n\t\talternating with the others (default 4; 1 with one backend)\n"
       "\t[-c,--check <check iteration count>] (default 1)\n"
-      "\t[-d,--datatype <int8/uint8/int32/uint32/int64/uint64/half/float/double/bfloat16/all>]\n"
+      "\t[-d,--datatype <int8/uint8/int32/uint32/int64/uint64/half/float/double/bfloat16/f8e4m3/"
+      "f8e5m2/all>]\n"
       "\t[-o,--op <sum/prod/max/min/avg/all>]\n"
       "\t[-r,--root <root/all>]\n"
       "\t[-a,--average <0/1/2/3> report average iteration time <0=RANK0/1=AVG/2=MIN/3=MAX>]\n"
@@ -220,6 +221,8 @@ static const struct {
     [gcommFloat32] = {"float", "float32", 4, 1, 1, 0x1p-24},
     [gcommFloat64] = {"double", "float64", 8, 1, 1, 0x1p-53},
     [gcommBfloat16] = {"bfloat16", "bf16", 2, 1, 1, 0x1p-8},
+    [gcommFloat8e4m3] = {"f8e4m3", "float8e4m3", 1, 1, 1, 0x1p-4},
+    [gcommFloat8e5m2] = {"f8e5m2", "float8e5m2", 1, 1, 1, 0x1p-3},
 };
 
 static int parseType(const char* s) {
@@ -273,6 +276,25 @@ static uint16_t floatToBf16(float f) {
   return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
 }
 
+/* fp8 (E4M3: 3 mantissa bits, bias 7; E5M2: 2, bias 15). Our values are small: no NaN or
+ * infinity; the encoding rounds to nearest even and saturates. */
+static double fp8ToDouble(uint8_t b, int e5m2) {
+  int man = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7, e = (b & 0x7f) >> man, m = b & ((1 << man) - 1);
+  double v = e ? ldexp(1.0 + ldexp(m, -man), e - bias) : ldexp(m, 1 - bias - man);
+  return b & 0x80 ? -v : v;
+}
+
+static uint8_t doubleToFp8(double v, int e5m2) {
+  int man = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7, e;
+  double a = fmin(fabs(v), e5m2 ? 57344 : 448);
+  frexp(a, &e);
+  int exp = e - 1 < 1 - bias ? 1 - bias : e - 1; /* the value's exponent, subnormals' at least */
+  double q = nearbyint(ldexp(a, man - exp));     /* its significand in units of its last place */
+  uint8_t code = (uint8_t)(((exp + bias - 1) << man) + (int)q); /* a carry moves into exp */
+  if (v != v) return 0x7f;
+  return (uint8_t)((a == 0 ? 0 : code) | (signbit(v) ? 0x80 : 0));
+}
+
 /* Element i of an array of type, as a double (our values are small integers or their avg). */
 static double loadValue(int type, const void* base, size_t i) {
   const char* p = (const char*)base + i * (size_t)types[type].size;
@@ -287,6 +309,8 @@ static double loadValue(int type, const void* base, size_t i) {
     float f;
     double d;
   } v;
+  if (type == gcommFloat8e4m3 || type == gcommFloat8e5m2)
+    return fp8ToDouble((uint8_t)*p, type == gcommFloat8e5m2);
   memcpy(&v, p, (size_t)types[type].size);
   switch (type) {
     case gcommInt8:
@@ -324,6 +348,10 @@ static void storeValue(int type, void* base, size_t i, double v) {
       return;
     case gcommBfloat16:
       h = floatToBf16((float)v), memcpy(p, &h, 2);
+      return;
+    case gcommFloat8e4m3:
+    case gcommFloat8e5m2:
+      *p = (char)doubleToFp8((float)v, type == gcommFloat8e5m2);
       return;
     case gcommFloat32:
       f = (float)v, memcpy(p, &f, 4);
@@ -510,7 +538,8 @@ static uint32_t hash32(uint32_t x) {
 /* Element i of rank's input. Small integers, so that every op is exact in every type whatever
  * the order of the reduction: [-3,3] (unsigned [0,3]) for sum, avg, max, min; +-1 for prod with
  * one rank per element contributing 2; [-100,100] ([0,200]) for the collectives that only move
- * data (exact in int8 and bfloat16). */
+ * data (exact in int8 and bfloat16; fp8 stores them rounded). fp8's sum, avg, max and min take
+ * [-1,1]: its sums are exact up to 8 ranks. */
 static double inputValue(const Test* t, int rank, size_t i) {
   uint32_t key = (uint32_t)(rank + 1) * 0x9e3779b9u + t->seed * 0x85ebca6bu;
   uint32_t h = hash32((uint32_t)i ^ key);
@@ -521,6 +550,7 @@ static double inputValue(const Test* t, int rank, size_t i) {
     if ((i + (size_t)rank) % (size_t)world.nranks == 0) return 2;
     return isSigned && (h & 1) ? -1 : 1;
   }
+  if (types[t->type].size == 1 && types[t->type].isFloat) return (double)(h % 3) - 1;
   return isSigned ? (double)(h % 7) - 3 : h % 4;
 }
 
@@ -687,13 +717,17 @@ static const Backend gcommBackend = {.name = "gcomm",
 
 /* ---- MPI: the library's own collectives, blocking, on host memory ---- */
 
-/* Half and bfloat16 are distinct duplicates of MPI_UINT16_T, reduced by user ops that widen to
- * float; MPI has no Avg: Sum, then the division, inside the timed call. */
+/* Half and bfloat16 are distinct duplicates of MPI_UINT16_T, fp8 of MPI_UINT8_T, reduced by user
+ * ops that widen to float; MPI has no Avg: Sum, then the division, inside the timed call. */
 static MPI_Datatype mpiHalf = MPI_DATATYPE_NULL, mpiBf16 = MPI_DATATYPE_NULL;
+static MPI_Datatype mpiE4m3 = MPI_DATATYPE_NULL, mpiE5m2 = MPI_DATATYPE_NULL;
 static MPI_Op mpiLowpOps[gcommAvg];
 
 static void lowpApply(void* in, void* inout, const int* len, const MPI_Datatype* dt, int op) {
-  int type = *dt == mpiBf16 ? gcommBfloat16 : gcommFloat16;
+  int type = *dt == mpiBf16   ? gcommBfloat16
+             : *dt == mpiE4m3 ? gcommFloat8e4m3
+             : *dt == mpiE5m2 ? gcommFloat8e5m2
+                              : gcommFloat16;
   for (int i = 0; i < *len; i++) {
     double a = loadValue(type, in, (size_t)i), b = loadValue(type, inout, (size_t)i);
     double v = op == gcommSum    ? a + b
@@ -724,6 +758,8 @@ static void mpiOpen(void) {
   MPI_User_function* fns[gcommAvg] = {lowpSum, lowpProd, lowpMax, lowpMin};
   MPI_Type_dup(MPI_UINT16_T, &mpiHalf);
   MPI_Type_dup(MPI_UINT16_T, &mpiBf16);
+  MPI_Type_dup(MPI_UINT8_T, &mpiE4m3);
+  MPI_Type_dup(MPI_UINT8_T, &mpiE5m2);
   for (int op = 0; op < gcommAvg; op++) MPI_Op_create(fns[op], 1, &mpiLowpOps[op]);
 }
 
@@ -731,6 +767,8 @@ static void mpiClose(void) {
   for (int op = 0; op < gcommAvg; op++) MPI_Op_free(&mpiLowpOps[op]);
   MPI_Type_free(&mpiHalf);
   MPI_Type_free(&mpiBf16);
+  MPI_Type_free(&mpiE4m3);
+  MPI_Type_free(&mpiE5m2);
 }
 
 static void mpiDescribe(char* buf, size_t n) {
@@ -769,6 +807,10 @@ static MPI_Datatype mpiType(int type) {
       return MPI_FLOAT;
     case gcommFloat64:
       return MPI_DOUBLE;
+    case gcommFloat8e4m3:
+      return mpiE4m3;
+    case gcommFloat8e5m2:
+      return mpiE5m2;
     default:
       return mpiBf16;
   }
@@ -777,7 +819,7 @@ static MPI_Datatype mpiType(int type) {
 static MPI_Op mpiOp(const Test* t) {
   static const MPI_Op builtin[gcommNumOps] = {MPI_SUM, MPI_PROD, MPI_MAX, MPI_MIN, MPI_SUM};
   int op = t->op == gcommAvg ? gcommSum : t->op;
-  if (t->type == gcommFloat16 || t->type == gcommBfloat16) return mpiLowpOps[op];
+  if (types[t->type].isFloat && types[t->type].size < 4) return mpiLowpOps[op];
   return builtin[op];
 }
 
@@ -1187,7 +1229,7 @@ static double expSendRecv(const Test* t, size_t i) {
 
 #define B(id) (1u << (id))
 
-/* gcomm.h defines no in-place AllToAll (it rejects sendbuff == recvbuff), so gcomm shows N/A. */
+/* In-place AllToAll is MPI_IN_PLACE's: the result is the out-of-place one. */
 /* clang-format off */
 static const Coll collectives[] = {
 /*   name             shape           red root rootIn rootOut inPlaceUndef noInPlace
@@ -1203,7 +1245,7 @@ static const Coll collectives[] = {
     {"reducescatter", SHAPE_SCATTER,  1,  0,   0,     0,      0,           0,
      factorGather,    expReduceScatter, {gcReduceScatter, mpiReduceScatter,
                                          NCCL_RUN(ncReduceScatter)}},
-    {"alltoall",      SHAPE_ALLTOALL, 0,  0,   0,     0,      1,           B(BACKEND_GCOMM),
+    {"alltoall",      SHAPE_ALLTOALL, 0,  0,   0,     0,      0,           0,
      factorGather,    expAllToAll,      {gcAllToAll, mpiAllToAll, NCCL_RUN(ncAllToAll)}},
     {"gather",        SHAPE_GATHER,   0,  1,   0,     1,      0,           0,
      factorGather,    expAllGather,     {gcGather, mpiGather, NCCL_RUN(ncGather)}},
