@@ -88,6 +88,9 @@ typedef struct {
   /* GCOMM_PROFILER_PLUGIN, or NULL */
   const char* profilerPlugin;
 } gcommParams_t;
+/* The parameters a communicator made now without a config would have (defaults, then the
+ * environment): for waits that come before any communicator exists (the NCCL layer's rendezvous). */
+void gcommParamsRead(gcommParams_t* params);
 
 #define GCOMM_NET_GDR_OFF 0 /* the indices of GCOMM_NET_GDR's choices in gcomm.c */
 #define GCOMM_NET_GDR_ON 1
