@@ -57,19 +57,29 @@ typedef enum {
   gcommFloat64 = 8,
   gcommDouble = 8,
   gcommBfloat16 = 9,
-  gcommNumTypes = 10
+  gcommFloat8e4m3 = 10, /* OCP fp8 E4M3 (as CUDA's __nv_fp8_e4m3): max 448, no infinity */
+  gcommFloat8e5m2 = 11, /* OCP fp8 E5M2 (as CUDA's __nv_fp8_e5m2): max 57344 */
+  gcommNumTypes = 12
 } gcommDataType_t;
 
-/* Float16 and Bfloat16 are reduced in float and rounded once per reduction. Avg divides the sum
- * by the number of ranks (integer division for integer types). */
+/* Float16, Bfloat16 and the fp8 types are reduced in float and rounded once per reduction (to
+ * nearest even; fp8 saturates to its largest finite value, NaN stays NaN, as CUDA's conversions
+ * with __NV_SATFINITE). Avg divides the sum by the number of ranks (integer division for integer
+ * types). Values from gcommNumOps up are operators made by gcommRedOpCreatePreMulSum. */
 typedef enum {
   gcommSum = 0,
   gcommProd = 1,
   gcommMax = 2,
   gcommMin = 3,
   gcommAvg = 4,
-  gcommNumOps = 5
+  gcommNumOps = 5,
+  gcommMaxRedOp = 0x7fffffff /* the operator type holds any int, for created operators */
 } gcommRedOp_t;
+
+/* Where the scalar of a PreMulSum operator lives, and when it is read. Device: a pointer read when
+ * each operation runs (by the kernel on a GPU communicator, so device memory; on a host
+ * communicator, host memory). HostImmediate: a host pointer read once, at creation. */
+typedef enum { gcommScalarDevice = 0, gcommScalarHostImmediate = 1 } gcommScalarResidence_t;
 
 #define GCOMM_DEVICE_HOST (-1)   /* config.device for a communicator on host memory */
 #define GCOMM_PROXY_THREAD 0     /* a progress thread drives the communicator */
@@ -130,8 +140,9 @@ gcommResult_t gcommCommDevice(const gcommComm_t comm, int* device);
  * the earlier ones whose buffers it shares (as on a stream; a group's calls run together, so they
  * must not write what another of the group uses). In-place: sendbuff
  * == recvbuff for AllReduce, Broadcast, Reduce; recvbuff == sendbuff + rank*recvcount for
- * ReduceScatter and Scatter; sendbuff == recvbuff + rank*sendcount for AllGather and Gather. Any
- * other overlap is rejected. */
+ * ReduceScatter and Scatter; sendbuff == recvbuff + rank*sendcount for AllGather and Gather;
+ * sendbuff == recvbuff for AllToAll (as MPI_IN_PLACE: block j of the buffer goes to rank j, and
+ * block r is replaced by what rank r sent). Any other overlap is rejected. */
 gcommResult_t gcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                              gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,
                              gcommStream_t stream);
@@ -158,6 +169,18 @@ gcommResult_t gcommGather(const void* sendbuff, void* recvbuff, size_t sendcount
 gcommResult_t gcommScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                            gcommDataType_t datatype, int root, gcommComm_t comm,
                            gcommStream_t stream);
+
+/* ---- Reduction operators ----
+ * A PreMulSum operator multiplies each rank's input by that rank's scalar (of type datatype),
+ * then sums: out = sum over ranks r of scalar_r * in_r (for Float16, Bfloat16 and fp8 the
+ * product is taken in float; integer products wrap). It is valid with comm and datatype only, for
+ * AllReduce, Reduce and ReduceScatter. Each rank creates its own (not collective). *op receives a
+ * value >= gcommNumOps. A collective captures the operator when it is called, so the operator may
+ * be destroyed as soon as the last call that uses it has returned; a device-resident scalar must
+ * stay valid, and is read, until that operation completes. */
+gcommResult_t gcommRedOpCreatePreMulSum(gcommRedOp_t* op, void* scalar, gcommDataType_t datatype,
+                                        gcommScalarResidence_t residence, gcommComm_t comm);
+gcommResult_t gcommRedOpDestroy(gcommRedOp_t op, gcommComm_t comm);
 
 /* ---- Point to point ----
  * Sends and receives between one pair match in call order. Inside a group they never deadlock,
