@@ -8,6 +8,8 @@
 #               make test-profiler   the example profiler plugin's trace of 4 ranks, checked
 #               make test-fault kills, hang diagnosis, soak (test/test_fault.sh)
 #               make fuzz       libFuzzer over argument checks and GCOMM_* parsing (clang)
+#               make CUDA=1 nccl [NCCL_HOME=/usr/local/cuda]  libnccl.so.2: NCCL's API over gcomm
+#               make CUDA=1 nccl-check   it exports every symbol of nccl/nccl_symbols.txt
 MPICC   ?= mpicc
 MPIEXEC ?= mpiexec
 BUILD   ?= build
@@ -146,7 +148,7 @@ run: $(BUILD)/gcomm_perf
 	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 8 -e 64M -f 4 --backend gcomm,mpi
 
 format:
-	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c test/fuzz/*.c
+	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c test/fuzz/*.c nccl/*.c
 
 clean:
 	rm -rf $(BUILD)
@@ -162,3 +164,30 @@ $(BUILD)/test/gpu/%: test/gpu/%.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
 gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/gcomm_perf $(PLUGINS)
 .PHONY: gpu-test
 endif
+
+# NCCL's API over gcomm (nccl/gcomm_nccl.c): $(BUILD)/nccl/libnccl.so.2 for MPI programs written
+# for NCCL. NCCL_HOME gives NVIDIA's nccl.h only ($(NCCL_HOME)/include/nccl.h).
+ifeq ($(CUDA),1)
+NCCL_HOME ?= $(CUDA_HOME)
+NCCL_LIB   = $(BUILD)/nccl/libnccl.so.2
+$(BUILD)/obj/nccl/gcomm_nccl.o: CFLAGS += -I$(NCCL_HOME)/include
+$(BUILD)/obj/nccl/gcomm_nccl.o: $(NCCL_HOME)/include/nccl.h
+$(NCCL_HOME)/include/nccl.h:
+	@echo "no nccl.h at $@: give NCCL_HOME=<folder with include/nccl.h>" >&2; exit 1
+$(NCCL_LIB): $(LIB_OBJ) $(BUILD)/obj/nccl/gcomm_nccl.o nccl/libnccl.map
+	@mkdir -p $(dir $@)
+	$(MPICC) -shared $(LDFLAGS) -Wl,-soname,libnccl.so.2 -Wl,--version-script=nccl/libnccl.map \
+	  -Wl,--no-undefined -o $@ $(LIB_OBJ) $(BUILD)/obj/nccl/gcomm_nccl.o $(LDLIBS)
+	ln -sf libnccl.so.2 $(BUILD)/nccl/libnccl.so
+# its test (nccl/test_nccl.c), linked to it as an NCCL program is
+$(BUILD)/nccl/test_nccl: nccl/test_nccl.c test/testlib.h $(NCCL_LIB)
+	$(MPICC) $(CFLAGS) -I$(NCCL_HOME)/include -o $@ $< $(LDFLAGS) -L$(BUILD)/nccl -l:libnccl.so.2 \
+	  -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
+nccl: $(NCCL_LIB) $(BUILD)/nccl/test_nccl
+nccl-check: $(NCCL_LIB)
+	bash tools/nccl_symbols_check.sh $(NCCL_LIB) nccl/nccl_symbols.txt
+else
+nccl nccl-check:
+	@echo "make $@ needs CUDA=1 (the NCCL API serves GPU communicators)" >&2; exit 1
+endif
+.PHONY: nccl nccl-check
