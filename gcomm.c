@@ -369,11 +369,13 @@ static uint64_t backoff(uint64_t* idleSince, int mayNap) {
 }
 
 /* ======================================================================================== */
-/* Host reductions: dst[i] = a[i] op b[i] (dst may be a), and Avg's final division.         */
+/* Host reductions: dst[i] = a[i] op b[i] (dst may be a), Avg's final division, and         */
+/* PreMulSum's pre-operation dst[i] = a[i] * scalar (rounded to the type; dst may be a).     */
 /* ======================================================================================== */
 
 typedef void (*reduceFn_t)(void* dst, const void* a, const void* b, size_t n);
 typedef void (*divideFn_t)(void* buf, size_t n, int nranks);
+typedef void (*preMulFn_t)(void* dst, const void* a, size_t n, const void* scalar);
 
 #define DEFINE_REDUCE(NAME, T, EXPR)                                    \
   static void NAME(void* dst, const void* a, const void* b, size_t n) { \
@@ -385,12 +387,24 @@ typedef void (*divideFn_t)(void* buf, size_t n, int nranks);
       d[i] = (EXPR);                                                    \
     }                                                                   \
   }
+#define DEFINE_PREMUL(NAME, T, EXPR)                                                 \
+  static void NAME##PreMul(void* dst, const void* a, size_t n, const void* scalar) { \
+    T* d = (T*)dst;                                                                  \
+    const T* x = (const T*)a;                                                        \
+    T S;                                                                             \
+    memcpy(&S, scalar, sizeof(T));                                                   \
+    for (size_t i = 0; i < n; i++) {                                                 \
+      T A = x[i], B = S;                                                             \
+      d[i] = (EXPR);                                                                 \
+    }                                                                                \
+  }
 /* Integers: Sum and Prod in the unsigned type, so that overflow wraps instead of being UB. */
 #define DEFINE_INT(NAME, T, UT)                                  \
   DEFINE_REDUCE(NAME##Sum, T, (T)((UT)A + (UT)B))                \
   DEFINE_REDUCE(NAME##Prod, T, (T)((UT)A * (UT)B))               \
   DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                     \
   DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                     \
+  DEFINE_PREMUL(NAME, T, (T)((UT)A * (UT)B))                     \
   static void NAME##Div(void* buf, size_t n, int nranks) {       \
     T* d = (T*)buf;                                              \
     for (size_t i = 0; i < n; i++) d[i] = (T)(d[i] / (T)nranks); \
@@ -400,20 +414,29 @@ typedef void (*divideFn_t)(void* buf, size_t n, int nranks);
   DEFINE_REDUCE(NAME##Prod, T, A* B)                        \
   DEFINE_REDUCE(NAME##Max, T, A > B ? A : B)                \
   DEFINE_REDUCE(NAME##Min, T, A < B ? A : B)                \
+  DEFINE_PREMUL(NAME, T, A* B)                              \
   static void NAME##Div(void* buf, size_t n, int nranks) {  \
     T* d = (T*)buf;                                         \
     for (size_t i = 0; i < n; i++) d[i] = d[i] / (T)nranks; \
   }
-/* 16-bit floats: widen to float, combine, round once. */
-#define DEFINE_HALF(NAME, TOF, FROMF)                                       \
-  DEFINE_REDUCE(NAME##Sum, uint16_t, FROMF(TOF(A) + TOF(B)))                \
-  DEFINE_REDUCE(NAME##Prod, uint16_t, FROMF(TOF(A) * TOF(B)))               \
-  DEFINE_REDUCE(NAME##Max, uint16_t, TOF(A) > TOF(B) ? A : B)               \
-  DEFINE_REDUCE(NAME##Min, uint16_t, TOF(A) < TOF(B) ? A : B)               \
+/* 16- and 8-bit floats (stored as T): widen to float, combine, round once. */
+#define DEFINE_NARROW(NAME, T, TOF, FROMF)                                  \
+  DEFINE_REDUCE(NAME##Sum, T, FROMF(TOF(A) + TOF(B)))                       \
+  DEFINE_REDUCE(NAME##Prod, T, FROMF(TOF(A) * TOF(B)))                      \
+  DEFINE_REDUCE(NAME##Max, T, TOF(A) > TOF(B) ? A : B)                      \
+  DEFINE_REDUCE(NAME##Min, T, TOF(A) < TOF(B) ? A : B)                      \
+  DEFINE_PREMUL(NAME, T, FROMF(TOF(A) * TOF(B)))                            \
   static void NAME##Div(void* buf, size_t n, int nranks) {                  \
-    uint16_t* d = (uint16_t*)buf;                                           \
+    T* d = (T*)buf;                                                         \
     for (size_t i = 0; i < n; i++) d[i] = FROMF(TOF(d[i]) / (float)nranks); \
   }
+
+static uint8_t floatToE4m3(float f) {
+  return gcommFloatToFp8(f, 0);
+}
+static uint8_t floatToE5m2(float f) {
+  return gcommFloatToFp8(f, 1);
+}
 
 DEFINE_INT(i8, int8_t, uint8_t)
 DEFINE_INT(u8, uint8_t, uint8_t)
@@ -421,18 +444,26 @@ DEFINE_INT(i32, int32_t, uint32_t)
 DEFINE_INT(u32, uint32_t, uint32_t)
 DEFINE_INT(i64, int64_t, uint64_t)
 DEFINE_INT(u64, uint64_t, uint64_t)
-DEFINE_HALF(f16, gcommHalfToFloat, gcommFloatToHalf)
+DEFINE_NARROW(f16, uint16_t, gcommHalfToFloat, gcommFloatToHalf)
 DEFINE_FLOAT(f32, float)
 DEFINE_FLOAT(f64, double)
-DEFINE_HALF(bf16, gcommBf16ToFloat, gcommFloatToBf16)
+DEFINE_NARROW(bf16, uint16_t, gcommBf16ToFloat, gcommFloatToBf16)
+DEFINE_NARROW(e4m3, uint8_t, gcommFp8e4m3ToFloat, floatToE4m3)
+DEFINE_NARROW(e5m2, uint8_t, gcommFp8e5m2ToFloat, floatToE5m2)
 
+/* [type][op]: Avg and PreMulSum reduce by Sum (their other parts: divideTable, preMulTable) */
 #define REDUCE_ROW(NAME) \
-  { NAME##Sum, NAME##Prod, NAME##Max, NAME##Min, NAME##Sum }
-static const reduceFn_t reduceTable[gcommNumTypes][gcommNumOps] = {
-    REDUCE_ROW(i8),  REDUCE_ROW(u8),  REDUCE_ROW(i32), REDUCE_ROW(u32), REDUCE_ROW(i64),
-    REDUCE_ROW(u64), REDUCE_ROW(f16), REDUCE_ROW(f32), REDUCE_ROW(f64), REDUCE_ROW(bf16)};
-static const divideFn_t divideTable[gcommNumTypes] = {i8Div,  u8Div,  i32Div, u32Div, i64Div,
-                                                      u64Div, f16Div, f32Div, f64Div, bf16Div};
+  { NAME##Sum, NAME##Prod, NAME##Max, NAME##Min, NAME##Sum, NAME##Sum }
+static const reduceFn_t reduceTable[gcommNumTypes][GCOMM_OP_PREMULSUM + 1] = {
+    REDUCE_ROW(i8),  REDUCE_ROW(u8),   REDUCE_ROW(i32),  REDUCE_ROW(u32),
+    REDUCE_ROW(i64), REDUCE_ROW(u64),  REDUCE_ROW(f16),  REDUCE_ROW(f32),
+    REDUCE_ROW(f64), REDUCE_ROW(bf16), REDUCE_ROW(e4m3), REDUCE_ROW(e5m2)};
+static const divideFn_t divideTable[gcommNumTypes] = {i8Div,  u8Div,   i32Div,  u32Div,
+                                                      i64Div, u64Div,  f16Div,  f32Div,
+                                                      f64Div, bf16Div, e4m3Div, e5m2Div};
+static const preMulFn_t preMulTable[gcommNumTypes] = {
+    i8PreMul,  u8PreMul,  i32PreMul, u32PreMul,  i64PreMul,  u64PreMul,
+    f16PreMul, f32PreMul, f64PreMul, bf16PreMul, e4m3PreMul, e5m2PreMul};
 
 /* ======================================================================================== */
 /* The host executor: runs one step of a schedule when all of its FIFOs are ready.          */
@@ -503,10 +534,12 @@ static int copiesByEngine(gcommComm_t comm) {
 static int hasGpuProxy(gcommComm_t comm) {
   return stagesNet(comm) || copiesByEngine(comm);
 }
-static const char* const typeNames[gcommNumTypes] = {"int8",    "uint8",   "int32",   "uint32",
-                                                     "int64",   "uint64",  "float16", "float32",
-                                                     "float64", "bfloat16"};
-static const char* const opNames[gcommNumOps] = {"sum", "prod", "max", "min", "avg"};
+static const char* const typeNames[gcommNumTypes] = {
+    "int8",    "uint8",   "int32",   "uint32",   "int64",      "uint64",
+    "float16", "float32", "float64", "bfloat16", "float8e4m3", "float8e5m2"};
+/* an operation's redop: gcomm.h's operators, then PreMulSum (GCOMM_OP_PREMULSUM) */
+static const char* const opNames[GCOMM_OP_PREMULSUM + 1] = {"sum", "prod", "max",
+                                                            "min", "avg",  "premulsum"};
 
 /* Whether [a, a + alen) and [b, b + blen) share a byte. */
 static int rangesMeet(const char* a, size_t alen, const char* b, size_t blen) {
@@ -796,8 +829,9 @@ void gcommDescribeMismatch(char* buf, size_t len, uint64_t got, uint64_t expecte
              gt < gcommNumTypes ? typeNames[gt] : "?",
              typeNames[TAG_FIELD(e, 4, 4) % gcommNumTypes]);
   else if (go != TAG_FIELD(e, 8, 3))
-    snprintf(buf, len, "its op is %s where this rank's is %s", go < gcommNumOps ? opNames[go] : "?",
-             opNames[TAG_FIELD(e, 8, 3) % gcommNumOps]);
+    snprintf(buf, len, "its op is %s where this rank's is %s",
+             go <= GCOMM_OP_PREMULSUM ? opNames[go] : "?",
+             opNames[TAG_FIELD(e, 8, 3) % (GCOMM_OP_PREMULSUM + 1)]);
   else if (TAG_FIELD(g, 11, 7) != TAG_FIELD(e, 11, 7))
     snprintf(buf, len, "its root is %u (mod 128) where this rank's is %u", TAG_FIELD(g, 11, 7),
              TAG_FIELD(e, 11, 7));
@@ -807,6 +841,39 @@ void gcommDescribeMismatch(char* buf, size_t len, uint64_t got, uint64_t expecte
 
 static char* slotOf(gcommConn_t* c) {
   return c->slots + (c->step % GCOMM_STEPS) * c->slotBytes;
+}
+
+/* Whether a step multiplies its local operand by the PreMulSum scalar: it reads the caller's input
+ * (never an earlier partial result in the output) and uses it (a plain receive does not). */
+static int stepScalesInput(const gcommOp_t* op, const gcommStep_t* st, int nIn) {
+  return op->redop == GCOMM_OP_PREMULSUM && st->src == GCOMM_BUF_IN && (nIn == 0 || st->reduce);
+}
+
+/* The step's value into value (st->count elements): src [op in0 [op in1]], or in0 [op in1], then
+ * Avg's division. PreMulSum scales src into value first (a host communicator's device-resident
+ * scalar is read here, when the operation runs). */
+static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* st, const char* src,
+                      char* const* in, int nIn, char* value) {
+  size_t bytes = st->count * gcommTypeSize(op->datatype);
+  if (stepScalesInput(op, st, nIn)) {
+    preMulTable[op->datatype](value, src, st->count, op->scalarPtr ? op->scalarPtr : &op->scalar);
+    src = value;
+  }
+  if (nIn == 0) {
+    if (value != src) memcpy(value, src, bytes);
+  } else if (!st->reduce) {
+    if (value != in[0]) memcpy(value, in[0], bytes); /* else received in place */
+  } else {
+    reduceFn_t fn = reduceTable[op->datatype][op->redop];
+    if (src != NULL) { /* src op in0 [op in1] */
+      fn(value, src, in[0], st->count);
+      if (nIn == 2) fn(value, value, in[1], st->count);
+    } else { /* no local operand: in0 op in1 */
+      fn(value, in[0], in[1], st->count);
+    }
+  }
+  if (st->postOp && op->redop == gcommAvg)
+    divideTable[op->datatype](value, st->count, comm->nranks);
 }
 
 /* Executes a ready step: value = recv (op src) or src; value -> dst and send FIFOs. */
@@ -846,24 +913,10 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
   }
   /* compute the value once, into dst if there is one, else into the first send slot; a value in
    * the caller's memory (dst, or src sent as it is) goes to a network FIFO by reference */
-  char* user = dst ? dst : nIn == 0 && !st->postOp ? src : NULL;
+  char* user = dst ? dst : nIn == 0 && !st->postOp && !stepScalesInput(op, st, nIn) ? src : NULL;
   char* value = user ? user : out[0];
   if (value != NULL && bytes > 0) {
-    if (nIn == 0) {
-      if (value != src) memcpy(value, src, bytes);
-    } else if (!st->reduce) {
-      if (value != in[0]) memcpy(value, in[0], bytes); /* else received in place */
-    } else {
-      reduceFn_t fn = reduceTable[op->datatype][op->redop];
-      if (src != NULL) { /* src op in0 [op in1] */
-        fn(value, src, in[0], st->count);
-        if (nIn == 2) fn(value, value, in[1], st->count);
-      } else { /* no local operand: in0 op in1 */
-        fn(value, in[0], in[1], st->count);
-      }
-    }
-    if (st->postOp && op->redop == gcommAvg)
-      divideTable[op->datatype](value, st->count, comm->nranks);
+    stepValue(comm, op, st, src, in, nIn, value);
     for (int i = 0; i < nOut; i++)
       if (out[i] != value && !(user && outConn[i]->refs)) memcpy(out[i], value, bytes);
   }
@@ -2108,6 +2161,7 @@ static int isInPlace(const gcommOp_t* op, int rank, size_t esz) {
     case gcommFuncAllReduce:
     case gcommFuncBroadcast:
     case gcommFuncReduce:
+    case gcommFuncAllToAll: /* every block is sent before its peer's block lands on it */
       return in == out;
     case gcommFuncAllGather:
     case gcommFuncGather:
@@ -2124,14 +2178,35 @@ static int isReduction(int func) {
   return func == gcommFuncAllReduce || func == gcommFuncReduce || func == gcommFuncReduceScatter;
 }
 
+/* A reduction's op: a gcommRedOp_t, or a PreMulSum operator of comm for the call's datatype, which
+ * becomes GCOMM_OP_PREMULSUM with the operator's scalar (so the operator may be destroyed once the
+ * call has returned). */
+static gcommResult_t resolveRedOp(gcommComm_t comm, gcommOp_t* op, const char* where) {
+  unsigned slot = (unsigned)op->redop - gcommNumOps;
+  if ((unsigned)op->redop < gcommNumOps) return gcommSuccess;
+  if (op->redop < 0 || slot >= GCOMM_MAX_REDOPS || !comm->redOps[slot].used)
+    return gcommSetError(comm, gcommInvalidArgument, -1, where,
+                         "op %d is neither a gcommRedOp_t (0..%d) nor a PreMulSum operator of "
+                         "this communicator (never created here, or destroyed)",
+                         op->redop, gcommNumOps - 1);
+  const gcommRedOpSlot_t* r = &comm->redOps[slot];
+  if (r->datatype != op->datatype)
+    return gcommSetError(comm, gcommInvalidArgument, -1, where,
+                         "op %d is a PreMulSum operator for %s, but the call's datatype is %s",
+                         op->redop, typeNames[r->datatype], typeNames[op->datatype]);
+  op->redop = GCOMM_OP_PREMULSUM;
+  op->scalar = r->scalar;
+  op->scalarPtr = r->scalarPtr;
+  return gcommSuccess;
+}
+
 static gcommResult_t checkArgs(gcommComm_t comm, gcommOp_t* op, const char* where) {
   int n = comm->nranks;
   size_t inCount, outCount;
 #define BAD(...) gcommSetError(comm, gcommInvalidArgument, -1, where, __VA_ARGS__)
   if ((unsigned)op->datatype >= gcommNumTypes)
     return BAD("datatype %d is not a gcommDataType_t (0..%d)", op->datatype, gcommNumTypes - 1);
-  if (isReduction(op->func) && (unsigned)op->redop >= gcommNumOps)
-    return BAD("op %d is not a gcommRedOp_t (0..%d)", op->redop, gcommNumOps - 1);
+  if (isReduction(op->func)) GCOMM_CHECK(resolveRedOp(comm, op, where));
   if ((op->func == gcommFuncBroadcast || op->func == gcommFuncReduce ||
        op->func == gcommFuncGather || op->func == gcommFuncScatter) &&
       (op->root < 0 || op->root >= n))
@@ -2205,8 +2280,8 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
   op->nChannels = nch;
   op->seq = isP2p ? 0 : __atomic_fetch_add(&comm->collSeq, 1, __ATOMIC_RELAXED); /* dumps read it */
   op->tag = comm->params.checkMismatch ? opTag(op) : 0;
-  /* one rank in place: nothing to move (no launch, no engine pass) */
-  if (n == 1 && isInPlace(args, 0, esz)) {
+  /* one rank in place: nothing to move (no launch, no engine pass), unless PreMulSum scales */
+  if (n == 1 && isInPlace(args, 0, esz) && args->redop != GCOMM_OP_PREMULSUM) {
     op->nWorksLeft = 0;
     return op;
   }
@@ -2413,6 +2488,75 @@ gcommResult_t gcommRecv(void* recvbuff, size_t count, gcommDataType_t datatype, 
                         gcommComm_t comm, gcommStream_t stream) {
   gcommOp_t a = OP_ARGS(gcommFuncRecv, NULL, recvbuff, count, datatype, 0, -1, peer);
   return enqueue(comm, &a, stream, __func__);
+}
+
+/* ======================================================================================== */
+/* Reduction operators: PreMulSum, one table a communicator                                 */
+/* ======================================================================================== */
+
+/* Where a scalar of residence can be read: the host now (immediate), the kernels (device
+ * residence on a GPU communicator) or the host executor (on a host communicator). */
+static const char* badScalarPointer(gcommComm_t comm, const void* scalar, int residence) {
+#ifdef GCOMM_GPU
+  if (residence == gcommScalarDevice && comm->device >= 0)
+    return gcommDeviceBadPointer(comm, scalar)
+               ? "is host memory the GPU cannot read (a device-resident scalar)"
+               : NULL;
+#else
+  (void)comm, (void)residence;
+#endif
+  return isDevicePointer(scalar) ? "is GPU memory, which the host reads (a host-immediate scalar, "
+                                   "or any scalar of a host communicator)"
+                                 : NULL;
+}
+
+gcommResult_t gcommRedOpCreatePreMulSum(gcommRedOp_t* op, void* scalar, gcommDataType_t datatype,
+                                        gcommScalarResidence_t residence, gcommComm_t comm) {
+  GCOMM_CHECK(checkComm(comm, __func__));
+  if (op == NULL) return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "op is NULL");
+  if (scalar == NULL) return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "scalar is NULL");
+  if ((unsigned)datatype >= gcommNumTypes)
+    return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
+                       "datatype %d is not a gcommDataType_t (0..%d)", datatype, gcommNumTypes - 1);
+  if (residence != gcommScalarDevice && residence != gcommScalarHostImmediate)
+    return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
+                       "residence %d is neither gcommScalarDevice (0) nor "
+                       "gcommScalarHostImmediate (1)",
+                       residence);
+  const char* bad = badScalarPointer(comm, scalar, residence);
+  if (bad != NULL) return GCOMM_ERROR(comm, gcommInvalidArgument, -1, "scalar %p %s", scalar, bad);
+  int slot = 0;
+  while (slot < GCOMM_MAX_REDOPS && comm->redOps[slot].used) slot++;
+  if (slot == GCOMM_MAX_REDOPS)
+    return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
+                       "all %d PreMulSum operators of this communicator exist: destroy one first",
+                       GCOMM_MAX_REDOPS);
+  gcommRedOpSlot_t* r = &comm->redOps[slot];
+  memset(r, 0, sizeof(*r));
+  r->datatype = datatype;
+  if (residence == gcommScalarHostImmediate)
+    memcpy(&r->scalar, scalar, gcommTypeSize(datatype));
+  else
+    r->scalarPtr = scalar;
+  r->used = 1;
+  *op = (gcommRedOp_t)(gcommNumOps + slot);
+  return gcommSuccess;
+}
+
+gcommResult_t gcommRedOpDestroy(gcommRedOp_t op, gcommComm_t comm) {
+  GCOMM_CHECK(checkComm(comm, __func__));
+  unsigned slot = (unsigned)op - gcommNumOps;
+  if ((int)op >= 0 && (int)op < gcommNumOps)
+    return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
+                       "op %d is a built-in gcommRedOp_t: only PreMulSum operators are destroyed",
+                       (int)op);
+  if ((int)op < 0 || slot >= GCOMM_MAX_REDOPS || !comm->redOps[slot].used)
+    return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
+                       "op %d is not a PreMulSum operator of this communicator (never created "
+                       "here, or destroyed already)",
+                       (int)op);
+  comm->redOps[slot].used = 0;
+  return gcommSuccess;
 }
 
 /* ======================================================================================== */

@@ -98,6 +98,9 @@ typedef struct {
   long nSteps;
   int datatype, redop, lane, proto;
   uint32_t tag; /* gcommOp_t.tag: the high half of each slot's word (GCOMM_SLOT_WORD) */
+  /* PreMulSum (redop GCOMM_OP_PREMULSUM): the scalar's bits, or where the kernel reads them */
+  uint64_t scalar;
+  const void* scalarPtr;
 } gcommDevWork_t;
 
 /* One launch: block b runs works[first[b] .. first[b+1]) in order. All works of a block come

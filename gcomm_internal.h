@@ -164,7 +164,11 @@ struct gcommOp {
   gcommOp_t *prevActive, *nextActive;
   uint64_t batch;
   int mayStart; /* no earlier unfinished operation shares its memory any more */
-  int func, algo, proto, datatype, redop, root, peer, nChannels;
+  int func, algo, proto, datatype, root, peer, nChannels;
+  int redop; /* a gcommRedOp_t below gcommNumOps, or GCOMM_OP_PREMULSUM */
+  /* PreMulSum: the scalar's bits (of datatype), or where to read them when the work runs */
+  uint64_t scalar;
+  const void* scalarPtr;
   const void* sendbuff;
   void* recvbuff;
   size_t count;
@@ -188,6 +192,15 @@ typedef struct {
   char shmName[64];
   unsigned char devHandle[64]; /* GPU communicators: cudaIpcMemHandle_t of the FIFO region */
 } gcommCard_t;
+
+/* A PreMulSum operator of a communicator (gcommRedOpCreatePreMulSum): handle gcommNumOps + i is
+ * slot i of gcommComm.redOps. */
+#define GCOMM_MAX_REDOPS 256
+typedef struct {
+  int used, datatype;
+  uint64_t scalar;       /* host-immediate: the scalar's bits, read at creation */
+  const void* scalarPtr; /* device residence: read when each operation runs; else NULL */
+} gcommRedOpSlot_t;
 
 #define GCOMM_COMM_MAGIC 0x636f6d6du
 #define GCOMM_MAX_CHANNELS 128 /* GCOMM_NCHANNELS, config.nChannels */
@@ -284,6 +297,8 @@ struct gcommComm {
 
   pthread_mutex_t errorLock;
   char lastError[1024];
+
+  gcommRedOpSlot_t redOps[GCOMM_MAX_REDOPS]; /* PreMulSum operators (caller's thread only) */
 
   /* the profiler plugin (all zero without one) */
   gcommProf_t prof;

@@ -34,7 +34,7 @@ enum { gcommInvalidUsage = 2, gcommTimeout = 7, gcommAborted = 8 };
 #define globalTimer gcommGpuTimerNs
 
 /* ---- element types and operators (gcomm_reduce.h semantics) ---- */
-enum { K_INT, K_FLT, K_HALF, K_BF16 };
+enum { K_INT, K_FLT, K_HALF, K_BF16, K_E4M3, K_E5M2 };
 template <int DT>
 struct Dt;
 template <>
@@ -97,20 +97,39 @@ struct Dt<9> {
   typedef uint16_t U;
   enum { K = K_BF16 };
 };
+template <>
+struct Dt<10> {
+  typedef uint8_t S;
+  typedef uint8_t U;
+  enum { K = K_E4M3 };
+};
+template <>
+struct Dt<11> {
+  typedef uint8_t S;
+  typedef uint8_t U;
+  enum { K = K_E5M2 };
+};
 
-template <int K>
-static __device__ __forceinline__ float toF(uint16_t h) {
+/* The narrow floats' conversions; fp8's are gcomm_reduce.h's, the host executor's own code. */
+template <int K, typename T>
+static __device__ __forceinline__ float toF(T h) {
   if constexpr (K == K_HALF)
     return gcommGpuHalfToF(h);
-  else
+  else if constexpr (K == K_BF16)
     return gcommGpuBf16ToF(h);
+  else if constexpr (K == K_E4M3)
+    return gcommFp8e4m3ToFloat(h);
+  else
+    return gcommFp8e5m2ToFloat(h);
 }
 template <int K>
-static __device__ __forceinline__ uint16_t fromF(float f) {
+static __device__ __forceinline__ auto fromF(float f) {
   if constexpr (K == K_HALF)
     return gcommGpuFToHalf(f);
-  else
+  else if constexpr (K == K_BF16)
     return gcommGpuFToBf16(f);
+  else
+    return gcommFloatToFp8(f, K == K_E5M2);
 }
 
 template <int DT, int OP>
@@ -149,6 +168,24 @@ static __device__ __forceinline__ typename Dt<DT>::S red(typename Dt<DT>::S A,
   }
 }
 
+/* PreMulSum's pre-operation: A times the scalar, rounded to the type. Float and double multiply
+ * with an explicit rounding, so that the compiler cannot fuse the product into the sum that
+ * follows (the host executor rounds it too); a narrow float's product is exact in float. */
+template <int DT>
+static __device__ __forceinline__ typename Dt<DT>::S preMul(typename Dt<DT>::S A,
+                                                            typename Dt<DT>::S scalar) {
+  typedef typename Dt<DT>::S T;
+  typedef typename Dt<DT>::U U;
+  if constexpr (Dt<DT>::K == K_INT)
+    return (T)((U)A * (U)scalar);
+  else if constexpr (Dt<DT>::K == K_FLT && sizeof(T) == 4)
+    return __fmul_rn(A, scalar);
+  else if constexpr (Dt<DT>::K == K_FLT)
+    return __dmul_rn(A, scalar);
+  else
+    return fromF<Dt<DT>::K>(toF<Dt<DT>::K>(A) * toF<Dt<DT>::K>(scalar));
+}
+
 template <int DT>
 static __device__ __forceinline__ typename Dt<DT>::S divide(typename Dt<DT>::S A, int n) {
   typedef typename Dt<DT>::S T;
@@ -166,7 +203,9 @@ struct StepIo {
   const char* in[2]; /* received slots (in this rank's memory), or NULL; LL: the first data line */
   char* out[3];      /* dst and send slots, NULL where absent; LL: the first data line */
   int reduce, div, nranks;
-  size_t count; /* elements */
+  int scale;       /* PreMulSum: src is the caller's input, multiplied by the scalar first */
+  uint64_t scalar; /* its bits (of the datatype) */
+  size_t count;    /* elements */
   /* LL only */
   uint32_t flagIn[2], flagOut[2]; /* the flags of in[k] and out[k + 1] */
   int inPeer[2];                  /* for the error record */
@@ -246,17 +285,37 @@ static __device__ __noinline__ void copyStep(const StepIo& io, size_t esz) {
     copyWords<uint8_t>(s, fifo, out, n);
 }
 
+/* The scalar of io, typed. */
+template <int DT>
+static __device__ __forceinline__ typename Dt<DT>::S scalarOf(const StepIo& io) {
+  union {
+    uint64_t u;
+    typename Dt<DT>::S t;
+  } s;
+  s.u = io.scalar;
+  return s.t;
+}
+
+/* Element i of the local operand: PreMulSum's instantiation scales it when io.scale says so. */
+template <int DT, int OP>
+static __device__ __forceinline__ typename Dt<DT>::S srcElem(const StepIo& io, size_t i) {
+  typename Dt<DT>::S x = ((const typename Dt<DT>::S*)io.src)[i];
+  if constexpr (OP == GCOMM_OP_PREMULSUM)
+    if (io.scale) x = preMul<DT>(x, scalarOf<DT>(io));
+  return x;
+}
+
 template <int DT, int OP>
 static __device__ __forceinline__ typename Dt<DT>::S elem(const StepIo& io, size_t i) {
   typedef typename Dt<DT>::S T;
   T v;
   if (io.in[0] == NULL) {
-    v = ((const T*)io.src)[i];
+    v = srcElem<DT, OP>(io, i);
   } else if (!io.reduce) {
     v = ((const volatile T*)io.in[0])[i];
   } else { /* src op in0 [op in1], or in0 op in1 without a local operand */
     v = ((const volatile T*)io.in[0])[i];
-    if (io.src) v = red<DT, OP>(((const T*)io.src)[i], v);
+    if (io.src) v = red<DT, OP>(srcElem<DT, OP>(io, i), v);
     if (io.in[1]) v = red<DT, OP>(v, ((const volatile T*)io.in[1])[i]);
   }
   if (io.div) v = divide<DT>(v, io.nranks);
@@ -265,9 +324,13 @@ static __device__ __forceinline__ typename Dt<DT>::S elem(const StepIo& io, size
 
 /* One 16-byte pack of the step's value from its loaded operands (x: src, y: in[0], z: in[1]). */
 template <int DT, int OP, typename Pack>
-static __device__ __forceinline__ Pack packValue(const StepIo& io, const Pack& x, const Pack& y,
+static __device__ __forceinline__ Pack packValue(const StepIo& io, Pack x, const Pack& y,
                                                  const Pack& z) {
   constexpr int N = 16 / sizeof(typename Dt<DT>::S);
+  if constexpr (OP == GCOMM_OP_PREMULSUM)
+    if (io.scale)
+#pragma unroll
+      for (int e = 0; e < N; e++) x.e[e] = preMul<DT>(x.e[e], scalarOf<DT>(io));
   if (io.in[0] == NULL) return x;
   if (!io.reduce) return y;
   Pack v = y; /* src op in0 [op in1], or in0 op in1 without a local operand */
@@ -405,6 +468,10 @@ static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w)
         v.u = *(const uint64_t*)(src + e0);
       else
         for (int e = 0; e < ne; e++) v.e[e] = src[e0 + e];
+      if constexpr (OP == GCOMM_OP_PREMULSUM)
+        if (io.scale)
+#pragma unroll
+          for (int e = 0; e < E; e++) v.e[e] = preMul<DT>(v.e[e], scalarOf<DT>(io));
     }
     if (io.in[0]) {
       x.u = llRead((const uint4*)io.in[0] + j, io.flagIn[0], w, io.inPeer[0]);
@@ -447,6 +514,9 @@ static __device__ __forceinline__ void stepT(const StepIo& io, int op, const LlW
     case gcommMin:
       LL ? llStep<DT, gcommMin>(io, w) : reduceStep<DT, gcommMin>(io);
       break;
+    case GCOMM_OP_PREMULSUM:
+      LL ? llStep<DT, GCOMM_OP_PREMULSUM>(io, w) : reduceStep<DT, GCOMM_OP_PREMULSUM>(io);
+      break;
     default:
       LL ? llStep<DT, gcommSum>(io, w) : reduceStep<DT, gcommSum>(io);
       break; /* Sum, Avg */
@@ -484,8 +554,14 @@ static __device__ __forceinline__ void dataStepT(const StepIo& io, int datatype,
     case 8:
       stepT<LL, 8>(io, op, w);
       break;
-    default:
+    case 9:
       stepT<LL, 9>(io, op, w);
+      break;
+    case 10:
+      stepT<LL, 10>(io, op, w);
+      break;
+    default:
+      stepT<LL, 11>(io, op, w);
       break;
   }
 }
@@ -494,14 +570,14 @@ static __device__ __forceinline__ void llDataStep(const StepIo& io, int datatype
                                                   const LlWait& w) {
   /* copies move raw lines: the unsigned type of the element's size */
   int sz = gcommTypeSize(datatype);
-  if (!io.reduce && !io.div) datatype = sz == 1 ? 1 : sz == 2 ? 6 : sz == 4 ? 3 : 5;
+  if (!io.reduce && !io.div && !io.scale) datatype = sz == 1 ? 1 : sz == 2 ? 6 : sz == 4 ? 3 : 5;
   dataStepT<true>(io, datatype, op, w);
 }
 
 static __device__ void dataStep(const StepIo& io, int datatype, int op, bool ll, const LlWait& w) {
   if (ll) {
     llDataStep(io, datatype, op, w);
-  } else if (!io.reduce && !io.div) {
+  } else if (!io.reduce && !io.div && !io.scale) {
     copyStep(io, gcommTypeSize(datatype));
   } else {
     dataStepT<false>(io, datatype, op, w);
@@ -650,6 +726,12 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
     const gcommSched_t sched = w.sched;
     const bool ll = LL_ONLY || w.proto == gcommProtoLL;
     const size_t hdr = ll ? GCOMM_LL_LINE : 0; /* LL slots start with the header line */
+    /* PreMulSum: a device-resident scalar is read now, when the operation runs */
+    uint64_t scalar = w.scalar;
+    if (w.scalarPtr != NULL) {
+      scalar = 0;
+      for (size_t b = 0; b < esz; b++) ((char*)&scalar)[b] = ((const char*)w.scalarPtr)[b];
+    }
     for (long s = 0; s < w.nSteps; s++) {
       if (s % NB == 0 && (s > 0 || wi > a.first[blockIdx.x])) {
         __syncthreads(); /* every thread is done with the previous batch */
@@ -744,6 +826,9 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
       }
       io.reduce = st.reduce && io.in[0] != NULL;
       io.div = st.postOp && w.redop == gcommAvg;
+      io.scale = w.redop == GCOMM_OP_PREMULSUM && st.src == GCOMM_BUF_IN &&
+                 (io.in[0] == NULL || io.reduce);
+      io.scalar = scalar;
       io.nranks = n;
       io.count = st.count;
       if (ll && tid == hdrTid) { /* the header lines: the payload size, the mismatch check */

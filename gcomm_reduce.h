@@ -1,9 +1,15 @@
 /*
  * gcomm_reduce.h - element types and reduction operators, for the host executor and the kernels.
  *
- * Float16 and Bfloat16 are widened to float, combined, and rounded once (to nearest even). Integer
- * Sum and Prod wrap (computed in the unsigned type, so signed overflow is defined). Avg is Sum
- * followed, on the final value only, by a division by the number of ranks (the post-operation).
+ * Float16, Bfloat16 and the fp8 types are widened to float, combined, and rounded once (to nearest
+ * even; fp8 saturates to its largest finite value and turns NaN into the canonical 0x7f, as CUDA's
+ * __NV_SATFINITE conversions do). Integer Sum and Prod wrap (computed in the unsigned type, so
+ * signed overflow is defined). Avg is Sum followed, on the final value only, by a division by the
+ * number of ranks (the post-operation). PreMulSum is Sum whose local inputs are first multiplied
+ * by the rank's scalar and rounded to the type (the pre-operation), as NCCL's.
+ *
+ * The conversions here are the only ones: the host executor and the kernels call the same code,
+ * so both give the same bits.
  */
 #ifndef GCOMM_REDUCE_H
 #define GCOMM_REDUCE_H
@@ -67,12 +73,71 @@ GCOMM_HD uint16_t gcommFloatToBf16(float f) {
   return (uint16_t)(x >> 16);
 }
 
+/* fp8 -> float, exactly. E5M2 is the high byte of a Float16; E4M3 has no infinity, and its
+ * 0x7f/0xff are NaN. */
+GCOMM_HD float gcommFp8e5m2ToFloat(uint8_t x) {
+  return gcommHalfToFloat((uint16_t)(x << 8));
+}
+
+GCOMM_HD float gcommFp8e4m3ToFloat(uint8_t x) {
+  uint32_t sign = (uint32_t)(x & 0x80) << 24, exp = (x >> 3) & 0xf, man = x & 7, bits;
+  float f;
+  if ((x & 0x7f) == 0x7f) {
+    bits = sign | 0x7fc00000u; /* nan */
+  } else if (exp != 0) {
+    bits = sign | ((exp + 120) << 23) | (man << 20);
+  } else { /* zero or subnormal: value = man * 2^-9 */
+    f = (float)man * (1.0f / 512.0f);
+    return sign ? -f : f;
+  }
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* float -> fp8, rounded to nearest even, saturating: what CUDA's __nv_cvt_float_to_fp8 gives with
+ * __NV_SATFINITE (infinities and values past the largest finite one become it, with their sign;
+ * NaN becomes 0x7f; magnitudes up to half the smallest subnormal become a signed zero). e5m2
+ * selects E5M2 (2 mantissa bits, bias 15) over E4M3 (3 bits, bias 7). */
+GCOMM_HD uint8_t gcommFloatToFp8(float f, int e5m2) {
+  const uint32_t manBits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+  /* float bit patterns: the first magnitude that saturates (E4M3: above 464 = 448 + half an ulp;
+   * E5M2: 61440 = 57344 + half an ulp, which rounds up to the infinity it replaces), the largest
+   * magnitude that rounds to zero (half the smallest subnormal: 2^-10, 2^-17), the smallest
+   * normal (2^-6, 2^-14) */
+  const uint32_t saturate = e5m2 ? 0x47700000u : 0x43e80001u;
+  const uint32_t zero = e5m2 ? 0x37000000u : 0x3a800000u;
+  const uint32_t normal = e5m2 ? 0x38800000u : 0x3c800000u;
+  const uint8_t maxFinite = e5m2 ? 0x7b : 0x7e;
+  uint32_t x, sign, mag, shift, r;
+  memcpy(&x, &f, 4);
+  sign = (x >> 24) & 0x80;
+  mag = x & 0x7fffffffu;
+  if (mag > 0x7f800000u) return 0x7f; /* nan */
+  if (mag >= saturate) return (uint8_t)(sign | maxFinite);
+  if (mag <= zero) return (uint8_t)sign;
+  if (mag >= normal) {
+    r = mag - ((127 - bias) << 23); /* rebias the exponent */
+    shift = 23 - manBits;
+  } else { /* subnormal: the significand with its leading bit, shifted to units of 2^(1-bias-M) */
+    r = (mag & 0x7fffffu) | 0x800000u;
+    shift = 151 - bias - manBits - (mag >> 23);
+  }
+  r = (r + (1u << (shift - 1)) - 1 + ((r >> shift) & 1)) >> shift; /* round to nearest even */
+  return (uint8_t)(sign | r);
+}
+
+/* The operator code PreMulSum takes inside gcomm, past gcomm.h's (gcommNumOps): an operation's
+ * created operator is replaced by it and its scalar when it is called. */
+#define GCOMM_OP_PREMULSUM 5
+
 /* Bytes per element of each gcommDataType_t. */
 GCOMM_HD size_t gcommTypeSize(int type) {
   switch (type) {
     case 0:
     case 1:
-      return 1; /* Int8, Uint8 */
+    case 10:
+    case 11:
+      return 1; /* Int8, Uint8, Float8e4m3, Float8e5m2 */
     case 6:
     case 9:
       return 2; /* Float16, Bfloat16 */

@@ -209,6 +209,8 @@ static const TlType tlTypes[gcommNumTypes] = {
     [gcommFloat32] = {"float32", 4, 1, 1, 0x1p-24},
     [gcommFloat64] = {"float64", 8, 1, 1, 0x1p-53},
     [gcommBfloat16] = {"bfloat16", 2, 1, 1, 0x1p-8},
+    [gcommFloat8e4m3] = {"float8e4m3", 1, 1, 1, 0x1p-4},
+    [gcommFloat8e5m2] = {"float8e5m2", 1, 1, 1, 0x1p-3},
 };
 static const char* const tlOpNames[gcommNumOps] = {"sum", "prod", "max", "min", "avg"};
 
@@ -274,6 +276,36 @@ static inline uint16_t tlFloatToBf16(float f) {
   return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
 }
 
+/* fp8 by its definition (OCP 8-bit floats, as CUDA's __nv_fp8_e4m3 / __nv_fp8_e5m2): manBits
+ * mantissa bits, the exponent bias; E4M3 has no infinity and only 0x7f/0xff as NaN. */
+static inline double tlFp8ToDouble(uint8_t b, int e5m2) {
+  int manBits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7, expMax = e5m2 ? 31 : 15;
+  int e = (b & 0x7f) >> manBits, m = b & ((1 << manBits) - 1);
+  double v;
+  if (e5m2 && e == expMax)
+    v = m ? NAN : INFINITY;
+  else if (!e5m2 && (b & 0x7f) == 0x7f)
+    v = NAN;
+  else
+    v = e ? ldexp(1.0 + m / (double)(1 << manBits), e - bias) : ldexp(m, 1 - bias - manBits);
+  return (b & 0x80) ? -v : v;
+}
+
+/* The fp8 value nearest v, ties to an even code, saturating: past the largest finite value (and
+ * infinity) gives it, NaN gives 0x7f (CUDA's __NV_SATFINITE conversion), found by searching every
+ * finite code rather than by manipulating bits. */
+static inline uint8_t tlDoubleToFp8(double v, int e5m2) {
+  uint8_t sign = signbit(v) ? 0x80 : 0, best = 0, maxCode = e5m2 ? 0x7b : 0x7e;
+  double a = fabs(v), bestErr = INFINITY;
+  if (isnan(v)) return 0x7f;
+  if (a >= tlFp8ToDouble(maxCode, e5m2)) return (uint8_t)(sign | maxCode);
+  for (int c = 0; c <= maxCode; c++) {
+    double err = fabs(tlFp8ToDouble((uint8_t)c, e5m2) - a);
+    if (err < bestErr || (err == bestErr && !(c & 1))) best = (uint8_t)c, bestErr = err;
+  }
+  return (uint8_t)(sign | best);
+}
+
 static inline double tlToDouble(gcommDataType_t t, uint64_t bits) {
   float f;
   double d;
@@ -282,6 +314,9 @@ static inline double tlToDouble(gcommDataType_t t, uint64_t bits) {
       return tlHalfToFloat((uint16_t)bits);
     case gcommBfloat16:
       return tlBf16ToFloat((uint16_t)bits);
+    case gcommFloat8e4m3:
+    case gcommFloat8e5m2:
+      return tlFp8ToDouble((uint8_t)bits, t == gcommFloat8e5m2);
     case gcommFloat32:
       memcpy(&f, &bits, 4);
       return f;
@@ -303,6 +338,9 @@ static inline uint64_t tlFromDouble(gcommDataType_t t, double v) {
       return tlFloatToHalf(f);
     case gcommBfloat16:
       return tlFloatToBf16(f);
+    case gcommFloat8e4m3:
+    case gcommFloat8e5m2:
+      return tlDoubleToFp8(f, t == gcommFloat8e5m2);
     case gcommFloat32:
       memcpy(&bits, &f, 4);
       return bits;

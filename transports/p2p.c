@@ -557,6 +557,8 @@ gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* s
     dw->lane = wk->lane;
     dw->proto = op->proto;
     dw->tag = op->tag;
+    dw->scalar = op->scalar;
+    dw->scalarPtr = op->scalarPtr;
   }
   if (res == gcommSuccess) res = launchBatch(comm, a, stream);
   RESTORE_DEVICE(comm, old);
