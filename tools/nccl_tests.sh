@@ -17,7 +17,7 @@
 #       NCCL_TESTS_DEVICE and only gcomm runs (NCCL refuses ranks sharing a GPU).
 #       MPIEXEC (default: $MPIEXEC_MPICH or mpiexec), NT_ARGS (default: sizes 8 B to 8 MB by 32x,
 #       5 iterations, every type and operator), NT_TIMEOUT (seconds per program, default 120),
-#       NT_PROGRAMS (default: all eleven).
+#       NT_PROGRAMS (default: all eleven), NT_NGPUS (GPUs the ranks may use; default: all).
 # Exit status: 0 when every gcomm run passed and found no wrong value.
 set -uo pipefail
 PROGRAMS=${NT_PROGRAMS:-"all_reduce all_gather broadcast reduce_scatter reduce alltoall alltoallv scatter gather sendrecv hypercube"}
@@ -64,8 +64,9 @@ table() {
   printf '\n## %s\n%-28s %10s %10s %6s %6s %6s | %10s %10s %6s %6s %6s\n' "$prog" \
     "size/type/op/root" "nccl us" "gcomm us" "ratio" "wrongN" "wrongG" \
     "nccl ip" "gcomm ip" "ratio" "wrongN" "wrongG"
-  join -a 2 -e - -o 0,1.2,2.2,1.3,2.3,1.4,2.4,1.5,2.5 <(rows "$logdir/nccl-$prog.log" | sort) \
-    <(rows "$logdir/gcomm-$prog.log" | sort) | sort -t/ -k1,1n -s |
+  LC_ALL=C join -a 2 -e - -o 0,1.2,2.2,1.3,2.3,1.4,2.4,1.5,2.5 \
+    <(rows "$logdir/nccl-$prog.log" | LC_ALL=C sort) <(rows "$logdir/gcomm-$prog.log" | LC_ALL=C sort) |
+    sort -t/ -k1,1n -s |
     awk '{ r = ($2 == "-" || $2 == 0) ? "-" : sprintf("%.2f", $3 / $2);
            q = ($6 == "-" || $6 == 0) ? "-" : sprintf("%.2f", $7 / $6);
            printf "%-28s %10s %10s %6s %6s %6s | %10s %10s %6s %6s %6s\n", $1, $2, $3, r, $4, $5, $6, $7, q, $8, $9 }'
@@ -74,7 +75,7 @@ table() {
 run() {
   local bindir=$1 libdir=$2 np=$3 logdir=${4:-nccl-tests-logs} ng fails=0
   MPIEXEC=${MPIEXEC:-${MPIEXEC_MPICH:-mpiexec}}
-  ng=$(nvidia-smi -L | wc -l)
+  ng=${NT_NGPUS:-$(nvidia-smi -L | wc -l)} # NT_NGPUS: GPUs the ranks may use (CUDA_VISIBLE_DEVICES)
   mkdir -p "$logdir"
   export LD_LIBRARY_PATH="${NCCL_HOME:+$NCCL_HOME/lib:}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
   echo "# nccl-tests over NVIDIA's NCCL and over gcomm ($libdir): $np ranks, $ng GPUs, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
@@ -87,10 +88,15 @@ run() {
     fi
     runOne gcomm "$prog" "$libdir" "$bindir" "$np" "$logdir" "$ng"; rcG=$?
     local wrongG
-    wrongG=$(rows "$logdir/gcomm-$prog.log" | awk '{ w += ($3 ~ /^[0-9]+$/ ? $3 : 0) + ($5 ~ /^[0-9]+$/ ? $5 : 0) } END { print w + 0 }')
+    wrongG=$(rows "$logdir/gcomm-$prog.log" | awk '{ w += $3 + $5 } END { print w + 0 }')
     echo "# $prog: exit nccl $rcN, gcomm $rcG; gcomm rows $(rows "$logdir/gcomm-$prog.log" | wc -l), wrong values $wrongG"
     { [ "$rcG" = 0 ] && [ "$wrongG" = 0 ]; } || fails=$((fails + 1))
   done
+  printf '\n# Summary: float, sum (or no operator), root 0 or none; the full tables follow\n'
+  for prog in $PROGRAMS; do
+    table "$prog" "$logdir" | awk -v p="$prog" 'NR == 3 { printf "%-15s %s\n", "program", $0 }
+      $1 ~ /\/float\/(sum|none)\/(-1|0)$/ { printf "%-15s %s\n", p, $0 }' | sed "1!{/^program/d}"
+  done | awk 'NR == 1 || !/^program/'
   for prog in $PROGRAMS; do table "$prog" "$logdir"; done
   echo "# $fails of $(echo $PROGRAMS | wc -w) programs failed or found wrong values over gcomm"
   [ "$fails" = 0 ]
