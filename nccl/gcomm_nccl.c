@@ -17,9 +17,10 @@
  *     counterparts; enums are NCCL 2.2x's values (checked at compile time) translated by table.
  *   - Errors: gcomm's results map to NCCL's; ncclGetLastError returns gcomm's message (what,
  *     where, which peer) of the calling thread.
- *   - Not served: several GPUs in one process (ncclCommInitAll with ndev > 1, or two ranks of one
- *     id in one group) and ncclCommShrink return ncclInvalidUsage. Buffer and window registration
- *     are accepted and ignored: gcomm copies through its own FIFOs and needs none.
+ *   - Not served: NCCL's device API (ncclDevCommCreate), several GPUs in one process
+ *     (ncclCommInitAll with ndev > 1, or two ranks of one id in one group) and ncclCommShrink
+ *     return ncclInvalidUsage. Buffer and window registration are accepted and ignored: gcomm
+ *     copies through its own FIFOs and needs none.
  */
 #define _GNU_SOURCE
 #include <nccl.h>
@@ -691,6 +692,27 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
   COMM_OR_RETURN(comm, g);
   (void)g, (void)win;
   return ncclSuccess;
+}
+
+/* NCCL 2.28's device API (nccl_device.h, C++: kernels that communicate themselves) is not served;
+ * its types are opaque here. */
+struct ncclDevCommRequirements;
+struct ncclDevComm;
+ncclResult_t ncclDevCommCreate(ncclComm_t comm, const struct ncclDevCommRequirements* reqs,
+                               struct ncclDevComm* outDevComm);
+ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const struct ncclDevComm* devComm);
+
+ncclResult_t ncclDevCommCreate(ncclComm_t comm, const struct ncclDevCommRequirements* reqs,
+                               struct ncclDevComm* outDevComm) {
+  (void)comm, (void)reqs, (void)outDevComm;
+  return NCCL_ERROR(gcommInvalidUsage,
+                    "ncclDevCommCreate: NCCL's device API (nccl_device.h) is not served by gcomm");
+}
+
+ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const struct ncclDevComm* devComm) {
+  (void)comm, (void)devComm;
+  return NCCL_ERROR(gcommInvalidUsage,
+                    "ncclDevCommDestroy: NCCL's device API (nccl_device.h) is not served by gcomm");
 }
 
 /* ---- Reduction operators ---- */
