@@ -11,9 +11,12 @@
  * Reducing collectives use "exact" data: values for which every partial result of every type is
  * exact (floats: small integers for sum, and for avg ones whose sum divides by nranks; signed
  * powers of two for prod; anything for max/min; integers: full-range random bits, as integer sum
- * and prod wrap the same in any order; small values for avg, whose sum must not wrap), so results
- * compare exactly whatever the reduction order. Other sections check the rounding of float types,
- * random reals with a tolerance, and agreement with MPI's own collectives.
+ * and prod wrap the same in any order; small values for avg, whose sum must not wrap; fp8: ranges
+ * small enough for its 3 or 4 significant bits), so results compare exactly whatever the
+ * reduction order. The ops include PreMulSum (each rank's own scalar, host-immediate or read when
+ * the call runs: "premul" and "premuldev"): floats get small integers times signed powers of two.
+ * Other sections check the rounding of float types (fp8's saturation too), random reals with a
+ * tolerance, and agreement with MPI's own collectives (AllToAll in place: MPI_IN_PLACE).
  *
  * Each communicator (made with GCOMM_* settings: forced algorithm, channels, FIFO size, proxy
  * mode) runs some of these sections:
@@ -66,7 +69,7 @@ static const Coll colls[NCOLLS] = {
     [REDUCE] = {"reduce", 1, 1, RING | TREE | DIRECT, 1, 0, 0, 0, 1},
     [ALLGATHER] = {"allgather", 0, 0, RING | DIRECT, 1, 0, 1, 0, 0},
     [REDUCESCATTER] = {"reducescatter", 1, 0, RING | DIRECT, 1, 1, 0, 0, 0},
-    [ALLTOALL] = {"alltoall", 0, 0, 0, 0, 1, 1, 0, 0},
+    [ALLTOALL] = {"alltoall", 0, 0, 0, 1, 1, 1, 0, 0},
     [GATHER] = {"gather", 0, 1, 0, 1, 0, 1, 0, 1},
     [SCATTER] = {"scatter", 0, 1, 0, 0, 1, 0, 1, 0},
 };
@@ -87,10 +90,17 @@ typedef struct {
  * operation whatever the order, compared exactly; mpi: data for comparing with MPI. */
 typedef enum { DATA_EXACT, DATA_REAL, DATA_ROUND, DATA_MPI } DataMode;
 
+/* The test's ops: gcomm.h's, then PreMulSum with a host-immediate scalar and with one read when the
+ * call runs (an operator made for each call, destroyed as soon as the call has returned). */
+enum { PREMUL = gcommNumOps, PREMUL_DEV, NUM_TEST_OPS };
+static const char* const opNames[NUM_TEST_OPS] = {"sum", "prod",   "max",      "min",
+                                                  "avg", "premul", "premuldev"};
+#define OP_DIV NUM_TEST_OPS /* typedOp: a / b */
+
 typedef struct {
   CollId coll;
   gcommDataType_t type;
-  gcommRedOp_t op;
+  int op; /* a gcommRedOp_t, PREMUL or PREMUL_DEV */
   int root;
   size_t count;
   int inPlace;
@@ -102,11 +112,56 @@ typedef struct {
   TlBuf bufs[2]; /* out-of-place: send, recv; in-place: one buffer */
   const void* sendbuff;
   void* recvbuff;
+  uint64_t scalar; /* PREMUL_DEV: where the operator's scalar is read when the call runs */
 } Case;
 
 static const Variant* curVariant; /* for failure messages */
 
 /* ---- The reference ---- */
+
+/* DATA_ROUND's reals lie in [-range, range): for fp8, up to 0.9 of its largest value, so that
+ * sums and products saturate now and then. */
+static double roundRange(gcommDataType_t t) {
+  return t == gcommFloat8e4m3 ? 400 : t == gcommFloat8e5m2 ? 50000 : 50;
+}
+
+/* Exact fp8 data (3 or 4 significant bits; every partial result of up to 8 ranks exact): sum's
+ * inputs in [-2, 2] (E5M2: [-1, 1]), premul's in [-1, 1]; avg the same power of two on every rank
+ * (E5M2: up to 1); prod signed powers of two (and 0); max/min any finite value. */
+static uint64_t fp8ExactInput(const Case* c, uint64_t h, size_t k) {
+  static const double powersOfTwo[] = {-2, -1, -0.5, 0, 0.5, 1, 2};
+  int e5m2 = c->type == gcommFloat8e5m2;
+  uint64_t common = tlHash3(c->seed, ~0ull, k);
+  switch (c->op) {
+    case gcommProd:
+      return tlFromDouble(c->type, powersOfTwo[h % 7]);
+    case gcommMax:
+    case gcommMin:
+      return isfinite(tlToDouble(c->type, h & 0xff)) ? h & 0xff : 0;
+    case gcommAvg:
+      return tlFromDouble(c->type, powersOfTwo[e5m2 + common % (7 - 2 * e5m2)]);
+    case gcommSum:
+      return tlFromDouble(c->type, (double)((int)(h % (5 - 2 * e5m2)) - 2 + e5m2));
+    default:
+      return tlFromDouble(c->type, (double)((int)(h % 3) - 1));
+  }
+}
+
+/* Rank r's PreMulSum scalar in case c: full-range bits for integers; signed powers of two for
+ * floats (E4M3 and, up to 4 ranks, E5M2: 1 or 2; E5M2 beyond: 1), random reals in DATA_ROUND. */
+static uint64_t scalarBits(const Case* c, int r) {
+  const TlType* t = &tlTypes[c->type];
+  uint64_t h = tlHash3(c->seed, ~2ull, (uint64_t)r);
+  static const double scalars[] = {-2, -1, -0.5, 0.5, 1, 2};
+  if (!t->isFloat) return h & tlMask(t->size);
+  if (c->mode == DATA_ROUND || c->mode == DATA_REAL)
+    return tlFromDouble(c->type, (double)(h >> 11) * 0x1p-53 * 4 - 2);
+  if (t->size == 1) {
+    double mag = c->type == gcommFloat8e5m2 && tlNranks > 4 ? 1 : 1 + (double)(h >> 8 & 1);
+    return tlFromDouble(c->type, (h & 1) ? -mag : mag);
+  }
+  return tlFromDouble(c->type, scalars[h % 6]);
+}
 
 /* Input element k of rank r. */
 static uint64_t inputBits(const Case* c, int r, size_t k) {
@@ -118,7 +173,8 @@ static uint64_t inputBits(const Case* c, int r, size_t k) {
     uint64_t pick = tlHash3(c->seed, ~1ull, k), n = (uint64_t)tlNranks;
     uint64_t r1 = pick % n, r2 = (r1 + 1 + (pick >> 32) % (n > 1 ? n - 1 : 1)) % n;
     if ((uint64_t)r != r1 && (uint64_t)r != r2) return tlFromDouble(c->type, c->op == gcommProd);
-    return tlFromDouble(c->type, (double)(h >> 11) * 0x1p-53 * 100 - 50);
+    return tlFromDouble(
+        c->type, (double)(h >> 11) * 0x1p-53 * 2 * roundRange(c->type) - roundRange(c->type));
   }
   if (c->mode == DATA_MPI) { /* int32 or float64, no overflow (MPI's int arithmetic is signed) */
     if (t->isFloat) return tlFromDouble(c->type, (double)(h >> 11) * 0x1p-52 - 1.0);
@@ -136,6 +192,7 @@ static uint64_t inputBits(const Case* c, int r, size_t k) {
     return (uint64_t)((int64_t)(h % (2 * lim + 1)) - (int64_t)lim) & tlMask(t->size);
   }
   static const double powersOfTwo[] = {-2, -1, -0.5, 0.5, 1, 2};
+  if (t->size == 1) return fp8ExactInput(c, h, k);
   switch (c->op) {
     case gcommProd:
       return tlFromDouble(c->type, powersOfTwo[h % 6]);
@@ -146,12 +203,12 @@ static uint64_t inputBits(const Case* c, int r, size_t k) {
       int64_t residue = (int64_t)(tlHash3(c->seed, ~0ull, k) % (uint64_t)tlNranks);
       return tlFromDouble(c->type, (double)(residue + tlNranks * ((int64_t)(h % 3) - 1)));
     }
-    default:
+    default: /* sum, and premul's inputs */
       return tlFromDouble(c->type, (double)((int)(h % 9) - 4));
   }
 }
 
-/* a op b (op gcommNumOps: a / b) as gcomm computes it for float type t: in double for float64,
+/* a op b (op OP_DIV: a / b) as gcomm computes it for float type t: in double for float64,
  * else in float, rounded to t (16-bit floats are reduced in float, rounded once per operation). */
 static double typedOp(gcommDataType_t t, int op, double a, double b) {
   if (t == gcommFloat64) {
@@ -162,7 +219,7 @@ static double typedOp(gcommDataType_t t, int op, double a, double b) {
         return a > b ? a : b;
       case gcommMin:
         return a < b ? a : b;
-      case gcommNumOps:
+      case OP_DIV:
         return a / b;
       default:
         return a + b;
@@ -179,7 +236,7 @@ static double typedOp(gcommDataType_t t, int op, double a, double b) {
     case gcommMin:
       r = fa < fb ? fa : fb;
       break;
-    case gcommNumOps:
+    case OP_DIV:
       r = fa / fb;
       break;
     default:
@@ -189,19 +246,35 @@ static double typedOp(gcommDataType_t t, int op, double a, double b) {
   return tlToDouble(t, tlFromDouble(t, r));
 }
 
+/* How rank r's contributions combine: PreMulSum sums them. */
+static int combineOp(int op) {
+  return op >= PREMUL ? gcommSum : op;
+}
+
+/* Rank r's contribution to element k: its input, for PreMulSum times its scalar, rounded to the
+ * type (gcomm's pre-operation: integers wrap, floats round once). */
+static uint64_t operandBits(const Case* c, int r, size_t k) {
+  gcommDataType_t t = c->type;
+  uint64_t x = inputBits(c, r, k), s;
+  if (c->op < PREMUL) return x;
+  s = scalarBits(c, r);
+  if (!tlTypes[t].isFloat) return (x * s) & tlMask(tlTypes[t].size);
+  return tlFromDouble(t, typedOp(t, gcommProd, tlToDouble(t, x), tlToDouble(t, s)));
+}
+
 /* The reduction over every rank of input element k; *tol: the error allowed. */
 static uint64_t reduceAll(const Case* c, size_t k, double* tol) {
   gcommDataType_t t = c->type;
   int n = tlNranks;
   *tol = 0;
   if (!tlTypes[t].isFloat) {
-    uint64_t acc = inputBits(c, 0, k);
+    uint64_t acc = operandBits(c, 0, k);
     int64_t sacc = tlSext(t, acc);
     for (int r = 1; r < n; r++) {
-      uint64_t x = inputBits(c, r, k);
+      uint64_t x = operandBits(c, r, k);
       int64_t sx = tlSext(t, x);
       int signedType = tlTypes[t].isSigned;
-      switch (c->op) {
+      switch (combineOp(c->op)) {
         case gcommSum:
           acc += x;
           break;
@@ -224,13 +297,13 @@ static uint64_t reduceAll(const Case* c, size_t k, double* tol) {
     if (c->op == gcommAvg) acc = tlTypes[t].isSigned ? (uint64_t)(sacc / n) : acc / (uint64_t)n;
     return acc & tlMask(tlTypes[t].size);
   }
-  double acc = tlToDouble(t, inputBits(c, 0, k)), mag = fabs(acc);
+  double acc = tlToDouble(t, operandBits(c, 0, k)), mag = fabs(acc);
   for (int r = 1; r < n; r++) {
-    double x = tlToDouble(t, inputBits(c, r, k));
+    double x = tlToDouble(t, operandBits(c, r, k));
     mag += fabs(x);
-    acc = typedOp(t, c->op, acc, x);
+    acc = typedOp(t, combineOp(c->op), acc, x);
   }
-  if (c->op == gcommAvg) acc = typedOp(t, gcommNumOps, acc, n), mag /= n;
+  if (c->op == gcommAvg) acc = typedOp(t, OP_DIV, acc, n), mag /= n;
   if (c->mode == DATA_REAL) *tol = 2.0 * (n + 1) * tlTypes[t].eps * mag;
   return tlFromDouble(t, acc);
 }
@@ -312,21 +385,21 @@ static void caseSetup(Case* c) {
     tlStore(c->type, (void*)c->sendbuff, i, inputBits(c, tlRank, i));
 }
 
-static gcommResult_t caseLaunch(const Case* c, gcommComm_t comm) {
+static gcommResult_t collLaunch(const Case* c, gcommRedOp_t op, gcommComm_t comm) {
   const void* s = c->sendbuff;
   void* r = c->recvbuff;
   size_t n = c->count;
   switch (c->coll) {
     case ALLREDUCE:
-      return gcommAllReduce(s, r, n, c->type, c->op, comm, NULL);
+      return gcommAllReduce(s, r, n, c->type, op, comm, NULL);
     case BROADCAST:
       return gcommBroadcast(s, r, n, c->type, c->root, comm, NULL);
     case REDUCE:
-      return gcommReduce(s, r, n, c->type, c->op, c->root, comm, NULL);
+      return gcommReduce(s, r, n, c->type, op, c->root, comm, NULL);
     case ALLGATHER:
       return gcommAllGather(s, r, n, c->type, comm, NULL);
     case REDUCESCATTER:
-      return gcommReduceScatter(s, r, n, c->type, c->op, comm, NULL);
+      return gcommReduceScatter(s, r, n, c->type, op, comm, NULL);
     case ALLTOALL:
       return gcommAllToAll(s, r, n, c->type, comm, NULL);
     case GATHER:
@@ -338,10 +411,32 @@ static gcommResult_t caseLaunch(const Case* c, gcommComm_t comm) {
   }
 }
 
+/* Launches c. A PreMulSum case makes its operator first and destroys it as soon as the call has
+ * returned. Host-immediate: the scalar is spoilt after the operator is made (it was read then).
+ * Read when the call runs: spoilt when the operator is made and set after the call, inside a
+ * group (nothing runs before its end), so the result shows when it was read. */
+static gcommResult_t caseLaunch(Case* c, gcommComm_t comm) {
+  if (c->op < PREMUL) return collLaunch(c, (gcommRedOp_t)c->op, comm);
+  int dev = c->op == PREMUL_DEV;
+  uint64_t bits = scalarBits(c, tlRank);
+  gcommRedOp_t op;
+  c->scalar = dev ? ~bits : bits;
+  gcommResult_t res = gcommRedOpCreatePreMulSum(
+      &op, &c->scalar, c->type, dev ? gcommScalarDevice : gcommScalarHostImmediate, comm);
+  if (res != gcommSuccess) return res;
+  if (dev) TL_OK(comm, gcommGroupStart());
+  c->scalar = ~bits;
+  res = collLaunch(c, op, comm);
+  if (dev) c->scalar = bits;
+  TL_OK(comm, gcommRedOpDestroy(op, comm));
+  if (dev) TL_OK(comm, gcommGroupEnd());
+  return res;
+}
+
 static const char* caseName(const Case* c, char* out, size_t len) {
   snprintf(out, len, "%s %s%s%s count=%zu root=%d %s%s [%s: %s%s]", colls[c->coll].name,
            tlTypes[c->type].name, colls[c->coll].reduces ? " " : "",
-           colls[c->coll].reduces ? tlOpNames[c->op] : "", c->count, c->root,
+           colls[c->coll].reduces ? opNames[c->op] : "", c->count, c->root,
            c->inPlace ? "in-place" : "out-of-place", c->misalign ? " misaligned" : "",
            curVariant->name, curVariant->env,
            curVariant->proxyMode == GCOMM_PROXY_POLL ? " poll" : "");
@@ -413,7 +508,7 @@ static void runBatch(gcommComm_t comm, Case* cases, int ncases) {
 
 typedef struct {
   gcommDataType_t type;
-  gcommRedOp_t op;
+  int op;
 } TypeOp;
 
 /* allRootsCount for one root a case: in place the first, out of place the last. */
@@ -429,7 +524,7 @@ static size_t blockCount(const Coll* k, size_t count, int scaled) {
 
 /* Adds the cases of one (collective, type, op) over counts x in-place x roots. allRootsCount: the
  * count run with every root, or ONE_ROOT; the other cases use the first and the last root. */
-static int addCases(Case* cases, int ncases, CollId coll, gcommDataType_t type, gcommRedOp_t op,
+static int addCases(Case* cases, int ncases, CollId coll, gcommDataType_t type, int op,
                     const size_t* counts, int ncounts, size_t allRootsCount, int scaled,
                     DataMode mode) {
   const Coll* k = &colls[coll];
@@ -458,12 +553,12 @@ static int addCases(Case* cases, int ncases, CollId coll, gcommDataType_t type, 
  * or with v->sparse one op a type); for data movement, each distinct type once; when k lacks the
  * algorithm v forces, one pair only: it must fall back. Returns how many went to out. */
 static int pairsFor(const Coll* k, const Variant* v, const TypeOp* pairs, int npairs, TypeOp* out) {
-  TypeOp all[gcommNumTypes * gcommNumOps];
+  TypeOp all[gcommNumTypes * NUM_TEST_OPS];
   if (!pairs) {
     npairs = 0;
     for (int t = 0; t < gcommNumTypes; t++)
-      for (int op = 0; op < gcommNumOps; op++)
-        if (!v->sparse || op == t % gcommNumOps) all[npairs++] = (TypeOp){t, op};
+      for (int op = 0; op < NUM_TEST_OPS; op++)
+        if (!v->sparse || op == t % NUM_TEST_OPS) all[npairs++] = (TypeOp){t, op};
     pairs = all;
   }
   int n = 0;
@@ -491,7 +586,7 @@ typedef struct {
 /* Runs every collective's pairs (pairsFor) of section sec on comm, a communicator of variant v. */
 static void runSection(gcommComm_t comm, const Variant* v, const Section* sec) {
   static Case cases[MAX_BATCH];
-  TypeOp todo[gcommNumTypes * gcommNumOps];
+  TypeOp todo[gcommNumTypes * NUM_TEST_OPS];
   curVariant = v;
   for (int coll = 0; coll < NCOLLS; coll++) {
     const Coll* k = &colls[coll];
@@ -504,7 +599,7 @@ static void runSection(gcommComm_t comm, const Variant* v, const Section* sec) {
                             sec->allRootsCount, sec->scaled, sec->mode);
       runBatch(comm, cases, ncases);
       tlReport("%s %s %s%s%s [%s]%s", sec->name, k->name, tlTypes[to.type].name,
-               k->reduces ? " " : "", k->reduces ? tlOpNames[to.op] : "", v->name,
+               k->reduces ? " " : "", k->reduces ? opNames[to.op] : "", v->name,
                fallback ? " (falls back)" : "");
     }
   }
@@ -512,7 +607,7 @@ static void runSection(gcommComm_t comm, const Variant* v, const Section* sec) {
 
 /* ---- Comparison with MPI ---- */
 
-static MPI_Op mpiOp(gcommRedOp_t op) {
+static MPI_Op mpiOp(int op) {
   return op == gcommProd ? MPI_PROD : op == gcommMax ? MPI_MAX : op == gcommMin ? MPI_MIN : MPI_SUM;
 }
 
@@ -544,7 +639,8 @@ static void mpiCollective(const Case* c, void* out) {
       MPI_Iallgather(in, n, dt, out, n, dt, w, &req);
       break;
     case ALLTOALL:
-      MPI_Ialltoall(in, n, dt, out, n, dt, w, &req);
+      if (c->inPlace) memcpy(out, in, s * es);
+      MPI_Ialltoall(c->inPlace ? MPI_IN_PLACE : in, n, dt, out, n, dt, w, &req);
       break;
     case GATHER:
       MPI_Igather(in, n, dt, out, n, dt, c->root, w, &req);
@@ -566,15 +662,16 @@ static void runMpiComparison(gcommComm_t comm, const Variant* variant) {
   curVariant = variant;
   char name[256], want[64], got[64];
   for (int coll = 0; coll < NCOLLS; coll++) {
-    int npairs = colls[coll].reduces ? N(pairs) : 2;
+    int npairs = colls[coll].reduces ? N(pairs) : coll == ALLTOALL ? 4 : 2;
     for (int p = 0; p < npairs; p++) {
       TypeOp to =
-          colls[coll].reduces ? pairs[p] : (TypeOp){p ? gcommFloat64 : gcommInt32, gcommSum};
+          colls[coll].reduces ? pairs[p] : (TypeOp){p & 1 ? gcommFloat64 : gcommInt32, gcommSum};
       Case c = {.coll = coll,
                 .type = to.type,
                 .op = to.op,
                 .root = tlNranks - 1,
                 .count = 1031,
+                .inPlace = coll == ALLTOALL && p >= 2, /* against MPI_IN_PLACE */
                 .mode = DATA_MPI,
                 .seed = tlNextSeed()};
       caseSetup(&c);
@@ -593,9 +690,9 @@ static void runMpiComparison(gcommComm_t comm, const Variant* variant) {
       free(ref);
       tlBufFree(&c.bufs[0]);
       tlBufFree(&c.bufs[1]);
-      tlReport("mpi %s %s%s%s = MPI [%s]", colls[coll].name, tlTypes[to.type].name,
-               colls[coll].reduces ? " " : "", colls[coll].reduces ? tlOpNames[to.op] : "",
-               variant->name);
+      tlReport("mpi %s %s%s%s%s = MPI [%s]", colls[coll].name, tlTypes[to.type].name,
+               colls[coll].reduces ? " " : "", colls[coll].reduces ? opNames[to.op] : "",
+               c.inPlace ? " in place" : "", variant->name);
     }
   }
 }
@@ -632,15 +729,13 @@ static void checkSameOnEveryRank(gcommComm_t comm) {
 int main(int argc, char** argv) {
   tlInit(&argc, &argv);
   static const TypeOp pipePairs[] = {
-      {gcommInt32, gcommSum},
-      {gcommFloat16, gcommAvg},
-      {gcommFloat64, gcommProd},
-      {gcommUint8, gcommMax},
+      {gcommInt32, gcommSum},      {gcommFloat16, gcommAvg},      {gcommFloat64, gcommProd},
+      {gcommUint8, gcommMax},      {gcommFloat8e4m3, PREMUL_DEV}, {gcommInt64, PREMUL},
+      {gcommFloat8e5m2, gcommSum},
   };
   static const TypeOp largePairs[] = {
-      {gcommUint8, gcommProd},
-      {gcommBfloat16, gcommAvg},
-      {gcommFloat64, gcommSum},
+      {gcommUint8, gcommProd}, {gcommBfloat16, gcommAvg},   {gcommFloat64, gcommSum},
+      {gcommFloat32, PREMUL},  {gcommFloat8e4m3, gcommSum},
   };
   static const TypeOp realPairs[] = {
       {gcommFloat32, gcommSum},
@@ -649,10 +744,14 @@ int main(int argc, char** argv) {
       {gcommFloat64, gcommAvg},
   };
   static const TypeOp roundPairs[] = {
-      {gcommFloat16, gcommSum},  {gcommFloat16, gcommProd},  {gcommFloat16, gcommAvg},
-      {gcommBfloat16, gcommSum}, {gcommBfloat16, gcommProd}, {gcommBfloat16, gcommAvg},
-      {gcommFloat32, gcommSum},  {gcommFloat32, gcommProd},  {gcommFloat32, gcommAvg},
-      {gcommFloat64, gcommSum},  {gcommFloat64, gcommProd},  {gcommFloat64, gcommAvg},
+      {gcommFloat16, gcommSum},    {gcommFloat16, gcommProd},    {gcommFloat16, gcommAvg},
+      {gcommBfloat16, gcommSum},   {gcommBfloat16, gcommProd},   {gcommBfloat16, gcommAvg},
+      {gcommFloat32, gcommSum},    {gcommFloat32, gcommProd},    {gcommFloat32, gcommAvg},
+      {gcommFloat64, gcommSum},    {gcommFloat64, gcommProd},    {gcommFloat64, gcommAvg},
+      {gcommFloat8e4m3, gcommSum}, {gcommFloat8e4m3, gcommProd}, {gcommFloat8e4m3, gcommAvg},
+      {gcommFloat8e5m2, gcommSum}, {gcommFloat8e5m2, gcommProd}, {gcommFloat8e5m2, gcommAvg},
+      {gcommFloat16, PREMUL},      {gcommBfloat16, PREMUL_DEV},  {gcommFloat32, PREMUL},
+      {gcommFloat64, PREMUL_DEV},  {gcommFloat8e4m3, PREMUL},    {gcommFloat8e5m2, PREMUL_DEV},
   };
   static const size_t smallCounts[] = {0, 1, 7, 1031}, pipeCounts[] = {65537},
                       largeCounts[] = {300007}, realCounts[] = {1031, 65537},

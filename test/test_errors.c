@@ -22,6 +22,9 @@
 
 #include "test/testlib.h"
 
+/* more than any communicator holds (gcomm_internal.h: GCOMM_MAX_REDOPS) */
+#define GCOMM_TEST_MAX_REDOPS 4096
+
 #define N(a) (int)(sizeof(a) / sizeof((a)[0]))
 
 typedef enum {
@@ -185,11 +188,9 @@ static void testBad(gcommComm_t comm, Bad bad, Func f) {
       a.peer = tlNranks;
       break;
     case BAD_OVERLAP:
-      /* recvbuff one element after sendbuff (AllGather: sendbuff one after recvbuff); AllToAll
-       * has no in-place form, so equal buffers are bad too. */
+      /* recvbuff one element after sendbuff (AllGather: sendbuff one after recvbuff) */
       a.recvbuff = buf.ptr + 4;
       if (f == F_ALLGATHER) a.sendbuff = buf.ptr + 4, a.recvbuff = buf.ptr;
-      if (f == F_ALLTOALL) a.recvbuff = buf.ptr;
       break;
     default:
       break;
@@ -334,6 +335,58 @@ typedef struct {
   gcommResult_t res;
 } Waiter;
 
+/* Expects res to be gcommInvalidArgument or gcommInvalidUsage with a message naming one of names.
+ */
+static void expectBad(gcommComm_t comm, gcommResult_t res, const char* names, const char* what) {
+  if (!isError(res))
+    tlFail("%s returned %s", what, gcommGetErrorString(res));
+  else if (!mentions(gcommGetLastError(comm), names))
+    tlFail("%s: message \"%s\" does not name %s", what, gcommGetLastError(comm), names);
+  tlReport("bad %s is refused, naming %s", what, names);
+}
+
+/* PreMulSum operators: bad arguments, handles that are not (or no longer) operators of the
+ * communicator, a datatype that is not the operator's, a full table; none changes the buffer. */
+static void testRedOps(gcommComm_t comm) {
+  float scalar = 2, buf[4] = {1, 2, 3, 4};
+  gcommRedOp_t op = gcommSum, ops[GCOMM_TEST_MAX_REDOPS + 1];
+  expectBad(comm, gcommRedOpCreatePreMulSum(NULL, &scalar, gcommFloat32, gcommScalarDevice, comm),
+            "op", "PreMulSum with op NULL");
+  expectBad(comm, gcommRedOpCreatePreMulSum(&op, NULL, gcommFloat32, gcommScalarDevice, comm),
+            "scalar", "PreMulSum with scalar NULL");
+  expectBad(comm, gcommRedOpCreatePreMulSum(&op, &scalar, 99, gcommScalarDevice, comm), "datatype",
+            "PreMulSum with datatype 99");
+  expectBad(comm,
+            gcommRedOpCreatePreMulSum(&op, &scalar, gcommFloat32, (gcommScalarResidence_t)7, comm),
+            "residence", "PreMulSum with residence 7");
+  if (op != gcommSum) tlFail("a refused PreMulSum changed op to %d", (int)op);
+  expectBad(comm, gcommRedOpDestroy(gcommSum, comm), "op", "gcommRedOpDestroy of gcommSum");
+  expectBad(comm, gcommRedOpDestroy((gcommRedOp_t)(gcommNumOps + 3), comm), "op",
+            "gcommRedOpDestroy of an operator never made");
+  TL_OK(comm,
+        gcommRedOpCreatePreMulSum(&op, &scalar, gcommFloat32, gcommScalarHostImmediate, comm));
+  if ((int)op < gcommNumOps) tlFail("PreMulSum operator %d is below gcommNumOps", (int)op);
+  expectBad(comm, gcommAllReduce(buf, buf, 4, gcommFloat64, op, comm, NULL), "op|datatype",
+            "an all-reduce of float64 with a float32 PreMulSum operator");
+  TL_OK(comm, gcommRedOpDestroy(op, comm));
+  expectBad(comm, gcommRedOpDestroy(op, comm), "op", "gcommRedOpDestroy twice");
+  expectBad(comm, gcommAllReduce(buf, buf, 4, gcommFloat32, op, comm, NULL), "op",
+            "an all-reduce with a destroyed PreMulSum operator");
+  int made = 0;
+  gcommResult_t res = gcommSuccess;
+  while (made <= GCOMM_TEST_MAX_REDOPS && res == gcommSuccess) {
+    res = gcommRedOpCreatePreMulSum(&ops[made], &scalar, gcommFloat32, gcommScalarDevice, comm);
+    made += res == gcommSuccess;
+  }
+  if (made == 0 || made > GCOMM_TEST_MAX_REDOPS)
+    tlFail("%d PreMulSum operators made: the table is unbounded or empty", made);
+  expectBad(comm, res, "operators|destroy", "one PreMulSum operator more than the table holds");
+  for (int i = 0; i < made; i++) TL_OK(comm, gcommRedOpDestroy(ops[i], comm));
+  static const float want[4] = {1, 2, 3, 4};
+  if (memcmp(buf, want, sizeof(buf)) != 0) tlFail("a refused call changed the buffer");
+  tlReport("PreMulSum: %d operators at most, all destroyed", made);
+}
+
 static void* abortLater(void* arg) {
   Waiter* a = arg;
   tlSleepMs(a->delayMs);
@@ -442,6 +495,7 @@ int main(int argc, char** argv) {
       for (Func f = 0; f < NFUNCS; f++)
         if (bads[b].funcs & FN(f)) testBad(comm, b, f);
     testMisc(comm);
+    testRedOps(comm);
     tlCommDestroy(comm);
     tlReport("errors: destroy");
   }

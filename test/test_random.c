@@ -139,6 +139,10 @@ static void postColl(Slot* s, Call* c) {
         memcpy(o, c->in.ptr, c->count * esz);
         c->send = c->recv;
         break;
+      case AllToAll: /* sendbuff == recvbuff */
+        memcpy(o, c->in.ptr, big * esz);
+        c->send = c->recv;
+        break;
       case AllGather: /* sendbuff = recvbuff + me * count */
         memcpy(o + me * c->count * esz, c->in.ptr, c->count * esz);
         c->send = (int32_t*)(o + me * c->count * esz);
@@ -289,7 +293,7 @@ static void drawChainOp(ChainOp* o, int n) {
   int multiOut = o->func == AllGather || o->func == AllToAll || o->func == Gather;
   o->in = multiIn ? c * n : c;
   o->out = multiOut ? c * n : c;
-  if (o->func != AllToAll && place == 0) { /* gcomm.h's in-place layouts */
+  if (place == 0) { /* gcomm.h's in-place layouts */
     size_t extent = o->in > o->out ? o->in : o->out;
     size_t base = at[0] * (ARENA - extent + 1) / FRACTION;
     for (int r = 0; r < n; r++) {
@@ -361,9 +365,13 @@ static void runChainOp(const ChainOp* o, int32_t** a, int n, int32_t* tmp) {
       }
       for (int r = 0; r < n; r++) memcpy(a[r] + d[r], tmp + r * c, c * 4);
       break;
-    case AllToAll: /* rank r's block q goes to rank q's block r (never in place) */
+    case AllToAll: /* rank r's block q goes to rank q's block r; in place, the two swap */
       for (int r = 0; r < n; r++)
-        for (int q = 0; q < n; q++) memcpy(a[q] + d[q] + r * c, a[r] + s[r] + q * c, c * 4);
+        for (int q = s[0] == d[0] ? r + 1 : 0; q < n; q++) {
+          memcpy(tmp, a[q] + s[q] + r * c, c * 4);
+          memcpy(a[q] + d[q] + r * c, a[r] + s[r] + q * c, c * 4);
+          if (s[0] == d[0]) memcpy(a[r] + d[r] + q * c, tmp, c * 4);
+        }
       break;
     default: /* Scatter */
       memcpy(tmp, a[root] + s[root], c * n * 4);

@@ -293,14 +293,20 @@ static inline double tlFp8ToDouble(uint8_t b, int e5m2) {
 
 /* The fp8 value nearest v, ties to an even code, saturating: past the largest finite value (and
  * infinity) gives it, NaN gives 0x7f (CUDA's __NV_SATFINITE conversion), found by searching every
- * finite code rather than by manipulating bits. */
+ * finite code (decoded once) rather than by manipulating bits. */
 static inline uint8_t tlDoubleToFp8(double v, int e5m2) {
+  static double values[2][128];
+  static int decoded[2];
   uint8_t sign = signbit(v) ? 0x80 : 0, best = 0, maxCode = e5m2 ? 0x7b : 0x7e;
   double a = fabs(v), bestErr = INFINITY;
+  if (!decoded[e5m2]) {
+    for (int c = 0; c <= maxCode; c++) values[e5m2][c] = tlFp8ToDouble((uint8_t)c, e5m2);
+    decoded[e5m2] = 1;
+  }
   if (isnan(v)) return 0x7f;
-  if (a >= tlFp8ToDouble(maxCode, e5m2)) return (uint8_t)(sign | maxCode);
+  if (a >= values[e5m2][maxCode]) return (uint8_t)(sign | maxCode);
   for (int c = 0; c <= maxCode; c++) {
-    double err = fabs(tlFp8ToDouble((uint8_t)c, e5m2) - a);
+    double err = fabs(values[e5m2][c] - a);
     if (err < bestErr || (err == bestErr && !(c & 1))) best = (uint8_t)c, bestErr = err;
   }
   return (uint8_t)(sign | best);

@@ -3,8 +3,10 @@
  * default make). Every collective x datatype x op x algorithm x protocol on device buffers, odd
  * counts, in-place and out-of-place, poisoned outputs, checked byte for byte against a host
  * reference (the inputs are small integers, so every reduction order gives the exact same result);
- * then send/recv, a fused group, and an all-reduce inside CUDA graph capture. Ranks pick GPU
- * localRank % TEST_NGPUS (default: every visible GPU).
+ * the ops include PreMulSum, with a host-immediate scalar and with one in device memory that a copy
+ * on the stream writes after the operator is made (so the kernel must read it when it runs), each
+ * rank its own; AllToAll in place too. Then send/recv, a fused group, and an all-reduce inside CUDA
+ * graph capture. Ranks pick GPU localRank % TEST_NGPUS (default: every visible GPU).
  */
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -38,17 +40,33 @@ static int rank, nranks, failures, checks;
 
 static const char* fnames[] = {"AllReduce",     "Broadcast", "Reduce", "AllGather",
                                "ReduceScatter", "AllToAll",  "Gather", "Scatter"};
-static const char* tnames[] = {"int8",   "uint8", "int32", "uint32", "int64",
-                               "uint64", "half",  "float", "double", "bf16"};
+static const char* tnames[] = {"int8", "uint8", "int32",  "uint32", "int64",   "uint64",
+                               "half", "float", "double", "bf16",   "fp8e4m3", "fp8e5m2"};
+static const char* onames[] = {"sum", "prod", "max", "min", "avg", "premul", "premuldev"};
+enum { PREMUL = 5, PREMUL_DEV = 6, NOPS = 7 };
 
-/* input value of rank r at element i: a small integer */
-static int val(int r, size_t i, int op, int seed) {
+static int isFp8(int dt) {
+  return dt == gcommFloat8e4m3 || dt == gcommFloat8e5m2;
+}
+
+/* input value of rank r at element i: a small integer (fp8: -1, 0, 1, whose sums over 8 ranks
+ * are exact in 3 significant bits) */
+static int val(int r, size_t i, int op, int seed, int dt) {
   unsigned h = (unsigned)(r * 7919 + i * 104729 + seed * 31337);
   h ^= h >> 13;
   h *= 0x5bd1e995u;
   h ^= h >> 15;
   if (op == gcommProd) return (int)(h % 3) - 1 == 0 ? 2 : (int)(h % 3) - 1; /* -1, 1, 2 */
-  return (int)(h % 7) - 3;
+  return isFp8(dt) ? (int)(h % 3) - 1 : (int)(h % 7) - 3;
+}
+
+/* rank r's PreMulSum scalar: products and sums stay exact (fp8 E5M2: +-1, sums within 8) */
+static double scalarVal(int dt, int r) {
+  static const double scalars[] = {1, -1, 2, 0.5};
+  if (dt == gcommFloat8e5m2) return r & 1 ? -1 : 1;
+  if (dt == gcommFloat8e4m3) return r & 1 ? -1 : 2;
+  if (dt < gcommFloat16) return r % 4 == 3 ? 3 : scalars[r % 4];
+  return scalars[r % 4];
 }
 
 static void put(void* buf, int dt, size_t i, double v) {
@@ -80,19 +98,23 @@ static void put(void* buf, int dt, size_t i, double v) {
     case 8:
       ((double*)buf)[i] = v;
       break;
-    default:
+    case 9:
       ((uint16_t*)buf)[i] = gcommFloatToBf16((float)v);
+      break;
+    default:
+      ((uint8_t*)buf)[i] = gcommFloatToFp8((float)v, dt == gcommFloat8e5m2);
       break;
   }
 }
 
-/* reference reduction of element i over all ranks, with the type's wrap-around and Avg */
+/* reference reduction of element i over all ranks, with the type's wrap-around and Avg; PreMulSum
+ * sums each rank's value times its scalar */
 static void refReduce(void* out, size_t oi, int dt, int op, size_t i, int seed) {
-  if (dt == 6 || dt == 7 || dt == 8 || dt == 9) {
-    double acc = val(0, i, op, seed);
+  if (dt >= gcommFloat16) {
+    double acc = val(0, i, op, seed, dt) * (op >= PREMUL ? scalarVal(dt, 0) : 1);
     for (int r = 1; r < nranks; r++) {
-      double v = val(r, i, op, seed);
-      if (op == gcommSum || op == gcommAvg)
+      double v = val(r, i, op, seed, dt) * (op >= PREMUL ? scalarVal(dt, r) : 1);
+      if (op == gcommSum || op == gcommAvg || op >= PREMUL)
         acc += v;
       else if (op == gcommProd)
         acc *= v;
@@ -110,23 +132,25 @@ static void refReduce(void* out, size_t oi, int dt, int op, size_t i, int seed) 
     put(out, dt, oi, acc);
     return;
   }
-#define INTREF(T, U)                                \
-  {                                                 \
-    T acc = (T)val(0, i, op, seed);                 \
-    for (int r = 1; r < nranks; r++) {              \
-      T v = (T)val(r, i, op, seed);                 \
-      if (op == gcommSum || op == gcommAvg)         \
-        acc = (T)((U)acc + (U)v);                   \
-      else if (op == gcommProd)                     \
-        acc = (T)((U)acc * (U)v);                   \
-      else if (op == gcommMax)                      \
-        acc = v > acc ? v : acc;                    \
-      else                                          \
-        acc = v < acc ? v : acc;                    \
-    }                                               \
-    if (op == gcommAvg) acc = (T)(acc / (T)nranks); \
-    ((T*)out)[oi] = acc;                            \
-    return;                                         \
+#define INTREF(T, U)                                                    \
+  {                                                                     \
+    T acc = (T)val(0, i, op, seed, dt);                                 \
+    if (op >= PREMUL) acc = (T)((U)acc * (U)(int64_t)scalarVal(dt, 0)); \
+    for (int r = 1; r < nranks; r++) {                                  \
+      T v = (T)val(r, i, op, seed, dt);                                 \
+      if (op >= PREMUL) v = (T)((U)v * (U)(int64_t)scalarVal(dt, r));   \
+      if (op == gcommSum || op == gcommAvg || op >= PREMUL)             \
+        acc = (T)((U)acc + (U)v);                                       \
+      else if (op == gcommProd)                                         \
+        acc = (T)((U)acc * (U)v);                                       \
+      else if (op == gcommMax)                                          \
+        acc = v > acc ? v : acc;                                        \
+      else                                                              \
+        acc = v < acc ? v : acc;                                        \
+    }                                                                   \
+    if (op == gcommAvg) acc = (T)(acc / (T)nranks);                     \
+    ((T*)out)[oi] = acc;                                                \
+    return;                                                             \
   }
   switch (dt) {
     case 0:
@@ -144,8 +168,29 @@ static void refReduce(void* out, size_t oi, int dt, int op, size_t i, int seed) 
   }
 }
 
-static char *dIn, *dOut, *hIn, *hOut, *hRef;
+static char *dIn, *dOut, *hIn, *hOut, *hRef, *dScalar;
 static size_t maxBytes;
+
+/* The reduction operator of a case: op itself, or a PreMulSum operator of this rank's scalar.
+ * PREMUL_DEV: the device scalar holds a wrong value when the operator is made; a copy on s, after
+ * it, writes the right one, which the kernel must read when it runs. */
+static gcommRedOp_t caseOp(gcommComm_t comm, cudaStream_t s, int dt, int op) {
+  char right[8] = {0}, wrong[8] = {0};
+  gcommRedOp_t redop = (gcommRedOp_t)op;
+  if (op < PREMUL) return redop;
+  put(right, dt, 0, scalarVal(dt, rank));
+  put(wrong, dt, 0, scalarVal(dt, rank) + 4);
+  if (op == PREMUL) {
+    CK(gcommRedOpCreatePreMulSum(&redop, right, dt, gcommScalarHostImmediate, comm));
+    memcpy(right, wrong, sizeof(right)); /* read when the operator was made */
+    return redop;
+  }
+  CU(cudaMemcpy(dScalar, wrong, sizeof(wrong), cudaMemcpyHostToDevice));
+  CK(gcommRedOpCreatePreMulSum(&redop, dScalar, dt, gcommScalarDevice, comm));
+  CU(cudaMemcpyAsync(dScalar, right, sizeof(right), cudaMemcpyHostToDevice, s));
+  CU(cudaStreamSynchronize(s)); /* the copy reads right[] on this stack */
+  return redop;
+}
 
 /* One case; returns 0 on success. */
 static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size_t count,
@@ -156,10 +201,10 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
   if (f == 3 || f == 6) outCount = count * n; /* AllGather, Gather */
   if (f == 4 || f == 7) inCount = count * n;  /* ReduceScatter, Scatter */
   if (f == 5) inCount = outCount = count * n; /* AllToAll */
-  if (f == 5 && inPlace) return 0;            /* no in-place AllToAll */
   int isRed = f == 0 || f == 2 || f == 4;
+  gcommRedOp_t redop = isRed ? caseOp(comm, s, dt, op) : gcommSum;
   /* inputs: element j of the whole input of rank r */
-  for (size_t j = 0; j < inCount; j++) put(hIn, dt, j, val(rank, j, op, seed));
+  for (size_t j = 0; j < inCount; j++) put(hIn, dt, j, val(rank, j, op, seed, dt));
   memset(hOut, 0xAB, outCount * esz);
   CU(cudaMemcpy(dOut, hOut, outCount * esz, cudaMemcpyHostToDevice));
   char* sendbuf = dIn;
@@ -187,19 +232,19 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
   CU(cudaDeviceSynchronize());
   switch (f) {
     case 0:
-      CK(gcommAllReduce(sendbuf, recvbuf, count, dt, op, comm, s));
+      CK(gcommAllReduce(sendbuf, recvbuf, count, dt, redop, comm, s));
       break;
     case 1:
       CK(gcommBroadcast(sendbuf, recvbuf, count, dt, root, comm, s));
       break;
     case 2:
-      CK(gcommReduce(sendbuf, recvbuf, count, dt, op, root, comm, s));
+      CK(gcommReduce(sendbuf, recvbuf, count, dt, redop, root, comm, s));
       break;
     case 3:
       CK(gcommAllGather(sendbuf, recvbuf, count, dt, comm, s));
       break;
     case 4:
-      CK(gcommReduceScatter(sendbuf, recvbuf, count, dt, op, comm, s));
+      CK(gcommReduceScatter(sendbuf, recvbuf, count, dt, redop, comm, s));
       break;
     case 5:
       CK(gcommAllToAll(sendbuf, recvbuf, count, dt, comm, s));
@@ -211,6 +256,7 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
       CK(gcommScatter(sendbuf, recvbuf, count, dt, root, comm, s));
       break;
   }
+  if ((int)redop >= gcommNumOps) CK(gcommRedOpDestroy(redop, comm)); /* the call captured it */
   CK(gcommWait(comm, s));
   size_t checkCount = outCount;
   if (f == 4 || f == 7) checkCount = count;
@@ -228,17 +274,17 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
         refReduce(hRef, k, dt, op, rank * count + k, seed);
         break;
       case 1:
-        put(hRef, dt, k, val(root, k, op, seed));
+        put(hRef, dt, k, val(root, k, op, seed, dt));
         break;
       case 3:
       case 6:
-        put(hRef, dt, k, val((int)(k / count), k % count, op, seed));
+        put(hRef, dt, k, val((int)(k / count), k % count, op, seed, dt));
         break;
       case 5:
-        put(hRef, dt, k, val((int)(k / count), rank * count + k % count, op, seed));
+        put(hRef, dt, k, val((int)(k / count), rank * count + k % count, op, seed, dt));
         break;
       case 7:
-        put(hRef, dt, k, val(root, rank * count + k, op, seed));
+        put(hRef, dt, k, val(root, rank * count + k, op, seed, dt));
         break;
     }
   }
@@ -253,8 +299,7 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
       fprintf(stderr,
               "FAIL rank %d: %s %s %s%s algo %s count %zu %s root %d: element %zu is "
               "0x%llx, expected 0x%llx\n",
-              rank, fnames[f], tnames[dt], isRed ? "op " : "",
-              isRed ? (const char*[]){"sum", "prod", "max", "min", "avg"}[op] : "", algo, count,
+              rank, fnames[f], tnames[dt], isRed ? "op " : "", isRed ? onames[op] : "", algo, count,
               inPlace ? "in-place" : "out-of-place", root, k, got, want);
     return 1;
   }
@@ -283,6 +328,7 @@ int main(int argc, char** argv) {
   maxBytes = counts[nCounts - 1] * 8 * nranks + 4096;
   CU(cudaMalloc((void**)&dIn, maxBytes));
   CU(cudaMalloc((void**)&dOut, maxBytes));
+  CU(cudaMalloc((void**)&dScalar, 8));
   hIn = malloc(maxBytes);
   hOut = malloc(maxBytes);
   hRef = malloc(maxBytes);
@@ -318,10 +364,10 @@ int main(int argc, char** argv) {
     int before = failures;
     for (int f = 0; f < 8; f++) {
       int isRed = f == 0 || f == 2 || f == 4;
-      for (int dt = 0; dt < 10; dt++) {
+      for (int dt = 0; dt < gcommNumTypes; dt++) {
         if (!isRed && dt != 0 && dt != 6 && dt != 7 && dt != 8) continue;
-        for (int op = 0; op < (isRed ? 5 : 1); op++) {
-          if (quick && isRed && op > 0 && dt != 7 && dt != 6) continue;
+        for (int op = 0; op < (isRed ? NOPS : 1); op++) {
+          if (quick && isRed && op > 0 && dt != 7 && dt != 6 && dt != gcommFloat8e4m3) continue;
           for (int c = 0; c < nCounts; c++)
             for (int ip = 0; ip < 2; ip++) runCase(comm, s, f, dt, op, counts[c], ip, seed++, what);
         }
