@@ -9,6 +9,8 @@
 #               make test-profiler   the example profiler plugin's trace of 4 ranks, checked
 #               make test-fault kills, hang diagnosis, soak (test/test_fault.sh)
 #               make fuzz       libFuzzer over argument checks and GCOMM_* parsing (clang)
+#               make CUDA=1 nccl [NCCL_HOME=/usr/local/cuda]  libnccl.so.2: NCCL's API over gcomm
+#               make CUDA=1 nccl-check   it exports every symbol of nccl/nccl_symbols.txt
 MPICC   ?= mpicc
 MPIEXEC ?= mpiexec
 MPIFC   ?= mpif90
@@ -185,7 +187,7 @@ run: $(BUILD)/gcomm_perf
 	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 16 -e 64M -f 4 --backend gcomm,mpi
 
 format:
-	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c fortran/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c test/fuzz/*.c
+	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c fortran/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c test/fuzz/*.c nccl/*.c
 
 clean:
 	rm -rf $(BUILD)
@@ -268,6 +270,7 @@ help:
 	@echo "  test-install    install into a temporary prefix, build and run examples against it"
 	@echo "  fuzz            libFuzzer over argument checks and GCOMM_* parsing (FUZZ_SECONDS)"
 	@echo "  install         headers, libraries, gcomm.pc, CMake package, plugin, tools"
+	@echo "  nccl, nccl-check   libnccl.so.2 over gcomm (CUDA=1, NCCL_HOME for nccl.h), its exports checked"
 	@echo "  format, clean, help"
 	@echo "options:"
 	@echo "  PREFIX=$(PREFIX) DESTDIR= LIBDIR=$(LIBDIR)   where install puts things"
@@ -284,3 +287,30 @@ help:
 all: $(BUILD)/gcomm_info
 $(BUILD)/gcomm_info: tools/gcomm_info.c $(BUILD)/libgcomm.a $(LIB_HDR) $(CONFIG)
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
+
+# NCCL's API over gcomm (nccl/gcomm_nccl.c): $(BUILD)/nccl/libnccl.so.2 for MPI programs written
+# for NCCL. NCCL_HOME gives NVIDIA's nccl.h only ($(NCCL_HOME)/include/nccl.h).
+ifeq ($(CUDA),1)
+NCCL_HOME ?= $(CUDA_HOME)
+NCCL_LIB   = $(BUILD)/nccl/libnccl.so.2
+$(BUILD)/obj/nccl/gcomm_nccl.o: CFLAGS += -I$(NCCL_HOME)/include
+$(BUILD)/obj/nccl/gcomm_nccl.o: $(NCCL_HOME)/include/nccl.h
+$(NCCL_HOME)/include/nccl.h:
+	@echo "no nccl.h at $@: give NCCL_HOME=<folder with include/nccl.h>" >&2; exit 1
+$(NCCL_LIB): $(LIB_OBJ) $(BUILD)/obj/nccl/gcomm_nccl.o nccl/libnccl.map
+	@mkdir -p $(dir $@)
+	$(MPICC) -shared $(LDFLAGS) -Wl,-soname,libnccl.so.2 -Wl,--version-script=nccl/libnccl.map \
+	  -Wl,--no-undefined -o $@ $(LIB_OBJ) $(BUILD)/obj/nccl/gcomm_nccl.o $(LDLIBS)
+	ln -sf libnccl.so.2 $(BUILD)/nccl/libnccl.so
+# its test (nccl/test_nccl.c), linked to it as an NCCL program is
+$(BUILD)/nccl/test_nccl: nccl/test_nccl.c test/testlib.h $(NCCL_LIB)
+	$(MPICC) $(CFLAGS) -I$(NCCL_HOME)/include -o $@ $< $(LDFLAGS) -L$(BUILD)/nccl -l:libnccl.so.2 \
+	  -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
+nccl: $(NCCL_LIB) $(BUILD)/nccl/test_nccl
+nccl-check: $(NCCL_LIB)
+	bash tools/nccl_symbols_check.sh $(NCCL_LIB) nccl/nccl_symbols.txt
+else
+nccl nccl-check:
+	@echo "make $@ needs CUDA=1 (the NCCL API serves GPU communicators)" >&2; exit 1
+endif
+.PHONY: nccl nccl-check

@@ -168,9 +168,9 @@ static int paramSet(gcommParams_t* p, const gcommParamDef_t* d, const char* text
   return -1;
 }
 
-/* Defaults, then the config's fields, then the environment (which wins). */
-static void paramsLoad(gcommComm_t comm, const gcommConfig_t* config) {
-  gcommParams_t* p = &comm->params;
+/* Defaults, then the config's fields, then the environment (which wins). comm (for the
+ * warnings) may be NULL. */
+static void paramsLoad(gcommParams_t* p, gcommComm_t comm, const gcommConfig_t* config) {
   for (int i = 0; i < NPARAMS; i++)
     if (paramTable[i].kind != PARAM_LOG) paramSet(p, &paramTable[i], paramTable[i].defaultValue);
   if (config != NULL) {
@@ -185,6 +185,8 @@ static void paramsLoad(gcommComm_t comm, const gcommConfig_t* config) {
                  paramTable[i].doc, paramTable[i].defaultValue);
   }
 }
+
+void gcommParamsRead(gcommParams_t* params) { paramsLoad(params, NULL, NULL); }
 
 static void paramsPrint(gcommComm_t comm) {
   if (!gcommLogEnabled(GCOMM_LOG_INFO, GCOMM_SUBSYS_ENV) || comm->rank != 0) return;
@@ -1811,7 +1813,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
   uint64_t hostId = 0;
   MPI_CHECK(comm, MPI_Comm_rank(comm->mpiComm, &comm->rank));
   MPI_CHECK(comm, MPI_Comm_size(comm->mpiComm, &comm->nranks));
-  paramsLoad(comm, config);
+  paramsLoad(&comm->params, comm, config);
   paramsPrint(comm);
   GCOMM_CHECK(paramsAgree(comm));
   comm->device = GCOMM_DEVICE_HOST;

@@ -90,6 +90,9 @@ typedef struct {
   /* GCOMM_PROFILER_PLUGIN, or NULL */
   const char* profilerPlugin;
 } gcommParams_t;
+/* The parameters a communicator made now without a config would have (defaults, then the
+ * environment): for waits that come before any communicator exists (the NCCL layer's rendezvous). */
+void gcommParamsRead(gcommParams_t* params);
 
 /* The params table as gcomm_info (tools/gcomm_info.c) reads it: entry i, 0 (-1 past the end);
  * and text parsed as entry i's value the way gcomm reads it: 0 with the value taken in out (e.g.
