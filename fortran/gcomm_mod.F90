@@ -59,6 +59,8 @@ module gcomm
   integer(c_int), parameter :: gcommFloat64 = 8
   integer(c_int), parameter :: gcommDouble = 8
   integer(c_int), parameter :: gcommBfloat16 = 9
+  integer(c_int), parameter :: gcommFloat8e4m3 = 10
+  integer(c_int), parameter :: gcommFloat8e5m2 = 11
 
   ! ---- gcommRedOp_t ----
   integer(c_int), parameter :: gcommSum = 0
@@ -66,6 +68,10 @@ module gcomm
   integer(c_int), parameter :: gcommMax = 2
   integer(c_int), parameter :: gcommMin = 3
   integer(c_int), parameter :: gcommAvg = 4
+
+  ! ---- gcommScalarResidence_t (PreMulSum operators) ----
+  integer(c_int), parameter :: gcommScalarDevice = 0
+  integer(c_int), parameter :: gcommScalarHostImmediate = 1
 
   ! ---- Communicator options ----
   integer(c_int), parameter :: GCOMM_DEVICE_HOST = -1
@@ -133,6 +139,21 @@ module gcomm
       import :: c_int, c_ptr
       type(c_ptr), value :: comm
     end function gcommCommDestroy
+
+    integer(c_int) function gcommRedOpCreatePreMulSum(op, scalar, datatype, residence, comm) &
+        bind(c, name='gcommRedOpCreatePreMulSum')
+      import :: c_int, c_ptr
+      integer(c_int), intent(out) :: op
+      type(c_ptr), value :: scalar
+      integer(c_int), value :: datatype, residence
+      type(c_ptr), value :: comm
+    end function gcommRedOpCreatePreMulSum
+
+    integer(c_int) function gcommRedOpDestroy(op, comm) bind(c, name='gcommRedOpDestroy')
+      import :: c_int, c_ptr
+      integer(c_int), value :: op
+      type(c_ptr), value :: comm
+    end function gcommRedOpDestroy
 
     integer(c_int) function gcommCommAbort(comm) bind(c, name='gcommCommAbort')
       import :: c_int, c_ptr

@@ -27,6 +27,7 @@ program test_fortran
   call testInitInteger()
   call check(gcommCommInitMPI(comm, MPI_COMM_WORLD, c_null_ptr), 'init from type(MPI_Comm)')
   call testAllReduce()
+  call testPreMulSum()
   call testRooted()
   call testGatherLike()
   call testSendRecvGroup()
@@ -128,6 +129,24 @@ contains
     call report('a bad datatype is gcommInvalidArgument, naming the datatype', &
                 res == gcommInvalidArgument .and. index(gcommGetLastError(comm), 'datatype') > 0)
   end subroutine testAllReduce
+
+  ! A PreMulSum operator with a host scalar (rank + 1) on int32: sum of (rank + 1) * a, against
+  ! MPI_Allreduce of the products computed here.
+  subroutine testPreMulSum()
+    integer(c_int32_t), target :: a(n), got(n), want(n), scalar
+    integer(c_int) :: op
+    call randomInts(a)
+    scalar = rank + 1
+    call check(gcommRedOpCreatePreMulSum(op, c_loc(scalar), gcommInt32, gcommScalarHostImmediate, &
+                                         comm), 'gcommRedOpCreatePreMulSum')
+    call check(gcommAllReduce(c_loc(a), c_loc(got), int(n, c_size_t), gcommInt32, op, comm, &
+                              hostNull), 'gcommAllReduce PreMulSum')
+    call check(gcommWait(comm, hostNull), 'gcommWait')
+    call check(gcommRedOpDestroy(op, comm), 'gcommRedOpDestroy')
+    call MPI_Allreduce(a * scalar, want, n, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD)
+    call report('AllReduce int32 PreMulSum (host scalar) = MPI_Allreduce of the products', &
+                all(got == want))
+  end subroutine testPreMulSum
 
   ! Broadcast from the last rank, Reduce to rank 0 (int64 sum).
   subroutine testRooted()
