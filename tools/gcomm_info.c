@@ -339,6 +339,7 @@ static struct {
   int (*remotePci)(nvmlDevice_t, unsigned, nvmlPciInfo_t*);
   int (*remoteType)(nvmlDevice_t, unsigned, int*);
   int (*fields)(nvmlDevice_t, int, nvmlFieldValue_t*);
+  int (*linkVersion)(nvmlDevice_t, unsigned, unsigned*);
   int (*pcieGen)(nvmlDevice_t, unsigned*);
   int (*pcieWidth)(nvmlDevice_t, unsigned*);
 } nvml;
@@ -353,6 +354,7 @@ static void nvmlLoad(void) {
   *(void**)&nvml.remotePci = dlsym(nvml.lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
   *(void**)&nvml.remoteType = dlsym(nvml.lib, "nvmlDeviceGetNvLinkRemoteDeviceType");
   *(void**)&nvml.fields = dlsym(nvml.lib, "nvmlDeviceGetFieldValues");
+  *(void**)&nvml.linkVersion = dlsym(nvml.lib, "nvmlDeviceGetNvLinkVersion");
   *(void**)&nvml.pcieGen = dlsym(nvml.lib, "nvmlDeviceGetCurrPcieLinkGeneration");
   *(void**)&nvml.pcieWidth = dlsym(nvml.lib, "nvmlDeviceGetCurrPcieLinkWidth");
   if (nvml.init == NULL || nvml.shutdown == NULL || nvml.byPci == NULL || nvml.init() != 0) {
@@ -371,6 +373,25 @@ static void nvmlUnload(void) {
 static nvmlDevice_t nvmlDevice(const char* pci) {
   nvmlDevice_t d = NULL;
   return nvml.lib != NULL && nvml.byPci(pci, &d) == 0 ? d : NULL;
+}
+
+/* One NVLink's rate each way in GB/s: NVML's speed field where the driver fills it, else the
+ * rate of the link's generation, which NVML names by an enumerator (nvmlNvlinkVersion_t: 1 is
+ * NVLink 1.0, 20 GB/s; 2-6 are 2.0, 2.2, 3.0, 3.1 and 4.0, 25 GB/s; 7 is 5.0, 50 GB/s), or NAN. */
+static double nvlinkRate(nvmlDevice_t d) {
+  nvmlFieldValue_t speed;
+  memset(&speed, 0, sizeof(speed));
+  speed.fieldId = NVML_FIELD_NVLINK_SPEED_MBPS;
+  if (nvml.fields != NULL && nvml.fields(d, 1, &speed) == 0 && speed.nvmlReturn == 0 &&
+      speed.value.u > 0)
+    return speed.value.u / 1000.0;
+  unsigned version = 0;
+  for (unsigned l = 0; l < NVML_MAX_LINKS && version == 0; l++)
+    if (nvml.linkVersion == NULL || nvml.linkVersion(d, l, &version) != 0) version = 0;
+  static const double rateOfVersion[] = {NAN, 20, 25, 25, 25, 25, 25, 50};
+  return version > 0 && version < sizeof(rateOfVersion) / sizeof(rateOfVersion[0])
+             ? rateOfVersion[version]
+             : NAN;
 }
 
 /* Active NVLinks from the GPU at PCI id a to the one at b (through an NVSwitch: all of a's), or
@@ -392,12 +413,7 @@ static int nvlinkCount(const char* a, const char* b, double* perLinkGBs) {
              remote.device == dev)
       links++;
   }
-  nvmlFieldValue_t speed;
-  memset(&speed, 0, sizeof(speed));
-  speed.fieldId = NVML_FIELD_NVLINK_SPEED_MBPS;
-  *perLinkGBs = nvml.fields != NULL && nvml.fields(d, 1, &speed) == 0 && speed.nvmlReturn == 0
-                    ? speed.value.u / 1000.0
-                    : NAN;
+  *perLinkGBs = nvlinkRate(d);
   return links;
 }
 
