@@ -294,11 +294,14 @@ static __device__ __forceinline__ typename Dt<DT>::S scalarOf(const StepIo& io) 
   return s.t;
 }
 
-/* Element i of the local operand: PreMulSum's instantiation scales it when io.scale says so. */
+/* Element i of the local operand, scaled when io.scale says so. PreMulSum is a Sum whose local
+ * operand is scaled first: it runs Sum's instantiation (as Avg does), which tests io.scale, rather
+ * than one of its own for every datatype and protocol (the kernels' code, and their compile time,
+ * would grow by a fifth). */
 template <int DT, int OP>
 static __device__ __forceinline__ typename Dt<DT>::S srcElem(const StepIo& io, size_t i) {
   typename Dt<DT>::S x = ((const typename Dt<DT>::S*)io.src)[i];
-  if constexpr (OP == GCOMM_OP_PREMULSUM)
+  if constexpr (OP == gcommSum)
     if (io.scale) x = preMul<DT>(x, scalarOf<DT>(io));
   return x;
 }
@@ -325,7 +328,7 @@ template <int DT, int OP, typename Pack>
 static __device__ __forceinline__ Pack packValue(const StepIo& io, Pack x, const Pack& y,
                                                  const Pack& z) {
   constexpr int N = 16 / sizeof(typename Dt<DT>::S);
-  if constexpr (OP == GCOMM_OP_PREMULSUM)
+  if constexpr (OP == gcommSum)
     if (io.scale)
 #pragma unroll
       for (int e = 0; e < N; e++) x.e[e] = preMul<DT>(x.e[e], scalarOf<DT>(io));
@@ -466,7 +469,7 @@ static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w)
         v.u = *(const uint64_t*)(src + e0);
       else
         for (int e = 0; e < ne; e++) v.e[e] = src[e0 + e];
-      if constexpr (OP == GCOMM_OP_PREMULSUM)
+      if constexpr (OP == gcommSum)
         if (io.scale)
 #pragma unroll
           for (int e = 0; e < E; e++) v.e[e] = preMul<DT>(v.e[e], scalarOf<DT>(io));
@@ -512,12 +515,9 @@ static __device__ __forceinline__ void stepT(const StepIo& io, int op, const LlW
     case gcommMin:
       LL ? llStep<DT, gcommMin>(io, w) : reduceStep<DT, gcommMin>(io);
       break;
-    case GCOMM_OP_PREMULSUM:
-      LL ? llStep<DT, GCOMM_OP_PREMULSUM>(io, w) : reduceStep<DT, GCOMM_OP_PREMULSUM>(io);
-      break;
     default:
       LL ? llStep<DT, gcommSum>(io, w) : reduceStep<DT, gcommSum>(io);
-      break; /* Sum, Avg */
+      break; /* Sum, Avg, PreMulSum */
   }
 }
 
