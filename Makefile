@@ -197,7 +197,7 @@ clean:
 
 # GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1 NCCL_HOME=...]
 ifeq ($(CUDA),1)
-$(BUILD)/test/gpu/%: test/gpu/%.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
+$(BUILD)/test/gpu/%: test/gpu/%.c test/gpu/gpucheck.h $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
 gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/test/gpu/test_gpu_stress $(BUILD)/gcomm_perf $(PLUGINS)

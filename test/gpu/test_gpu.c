@@ -15,28 +15,10 @@
 #include <string.h>
 
 #include "gcomm.h"
+#include "gpucheck.h"
 #include "gcomm_reduce.h"
 
 static int rank, nranks, failures, checks;
-
-#define CK(call)                                                                        \
-  do {                                                                                  \
-    gcommResult_t r_ = (call);                                                          \
-    if (r_ != gcommSuccess) {                                                           \
-      fprintf(stderr, "rank %d: %s:%d %s -> %s: %s\n", rank, __FILE__, __LINE__, #call, \
-              gcommGetErrorString(r_), gcommGetLastError(NULL));                        \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                     \
-    }                                                                                   \
-  } while (0)
-#define CU(call)                                                                    \
-  do {                                                                              \
-    cudaError_t e_ = (call);                                                        \
-    if (e_ != cudaSuccess) {                                                        \
-      fprintf(stderr, "rank %d: %s:%d %s -> %s\n", rank, __FILE__, __LINE__, #call, \
-              cudaGetErrorString(e_));                                              \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                 \
-    }                                                                               \
-  } while (0)
 
 static const char* fnames[] = {"AllReduce",     "Broadcast", "Reduce", "AllGather",
                                "ReduceScatter", "AllToAll",  "Gather", "Scatter"};

@@ -25,27 +25,9 @@
 #include <time.h>
 
 #include "gcomm.h"
+#include "gpucheck.h"
 
 static int rank, nranks, failures, checks;
-
-#define CK(call)                                                                             \
-  do {                                                                                       \
-    gcommResult_t r_ = (call);                                                               \
-    if (r_ != gcommSuccess) {                                                                \
-      fprintf(stderr, "FAIL rank %d: %s:%d %s -> %s: %s\n", rank, __FILE__, __LINE__, #call, \
-              gcommGetErrorString(r_), gcommGetLastError(NULL));                             \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                          \
-    }                                                                                        \
-  } while (0)
-#define CU(call)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "FAIL rank %d: %s:%d %s -> %s\n", rank, __FILE__, __LINE__, #call, \
-              cudaGetErrorString(e_));                                                   \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                      \
-    }                                                                                    \
-  } while (0)
 
 enum { F_ALLREDUCE, F_BROADCAST, F_REDUCE, F_ALLGATHER, F_REDUCESCATTER, F_ALLTOALL, NFUNCS };
 static const char* funcNames[] = {"AllReduce", "Broadcast",     "Reduce",
