@@ -952,6 +952,11 @@ extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
  * once stalled there until GCOMM_TIMEOUT_MS, at their first Simple all-reduce after 32 KB LL
  * ones. Loaded at init, no launch waits for code on the operations' critical path. */
 extern "C" int gcommKernelsLoad(void) {
+#ifdef GCOMM_HIP
+  /* not on ROCm: hipcc 5.2 leaves a template kernel's address taken outside a launch undefined
+   * at link time, and the HIP build has not run on AMD hardware to show it needs this */
+  return (int)cudaSuccess;
+#else
   const void* fns[] = {(const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, true>,
                        (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, true>,
                        (const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, false>,
@@ -963,6 +968,7 @@ extern "C" int gcommKernelsLoad(void) {
     if (e != cudaSuccess) return (int)e;
   }
   return (int)cudaSuccess;
+#endif
 }
 
 /* ---- profiler: the offset between %globaltimer and the host's clock (gcommKernelTimerPing) ----
