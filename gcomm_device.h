@@ -121,9 +121,10 @@ typedef struct {
 
 /* gcomm_kernels.cu: one kernel launch on stream (a cudaStream_t). Returns a cudaError_t. */
 int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream);
-/* Loads the code of every kernel (at init: never at a launch, see gcomm_kernels.cu). Returns a
+/* Loads the code of every kernel and reserves the local memory they need (at init: never at a
+ * launch, see gcomm_kernels.cu); *stackBytes: the context's stack reservation a thread. Returns a
  * cudaError_t. */
-int gcommKernelsLoad(void);
+int gcommKernelsLoad(size_t* stackBytes);
 /* Profiler clock: one thread sets flags[0], waits for the host to set flags[1], then writes
  * %globaltimer to flags[2] and sets flags[3] (flags: mapped host memory, device pointer). */
 int gcommKernelTimerPing(volatile uint64_t* flags, void* stream);

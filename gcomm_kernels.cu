@@ -945,13 +945,16 @@ extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
 }
 
 /* Loads every kernel instantiation now (cudaFuncGetAttributes loads a function's code, as NCCL
- * does at init). With lazy loading (CUDA_MODULE_LOADING=LAZY, CUDA's default) a kernel's code is
- * otherwise loaded at its first launch, mid-run (the first Simple operation after a run of small
- * LL ones, the first group of more than 8 works) while the peers' kernels already spin waiting
- * for this rank's, under MPS in the context they share with it: 4 ranks on one H100 under MPS
- * once stalled there until GCOMM_TIMEOUT_MS, at their first Simple all-reduce after 32 KB LL
- * ones. Loaded at init, no launch waits for code on the operations' critical path. */
-extern "C" int gcommKernelsLoad(void) {
+ * does at init), and reserves the local memory the largest needs (cudaLimitStackSize, as NCCL's
+ * NCCL_SET_STACK_SIZE does). Either would otherwise happen at a kernel's first launch, mid-run,
+ * while the peers' kernels already spin waiting for this rank's: with lazy loading
+ * (CUDA_MODULE_LOADING=LAZY, CUDA's default) the first Simple operation after a run of small LL
+ * ones loaded code there, and 4 ranks on one H100 under MPS once stalled in it until
+ * GCOMM_TIMEOUT_MS; growing the stack reservation reconfigures the context's memory, which
+ * NCCL's documentation names as a cause of hangs. Done at init, no launch waits on either.
+ * *stackBytes: the reservation a thread now. */
+extern "C" int gcommKernelsLoad(size_t* stackBytes) {
+  *stackBytes = 0;
 #ifdef GCOMM_HIP
   /* not on ROCm: hipcc 5.2 leaves a template kernel's address taken outside a launch undefined
    * at link time, and the HIP build has not run on AMD hardware to show it needs this */
@@ -962,12 +965,19 @@ extern "C" int gcommKernelsLoad(void) {
                        (const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, false>,
                        (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, false>,
                        (const void*)gcommTimerPingKernel};
+  size_t need = 0;
   for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
     cudaFuncAttributes attr;
     cudaError_t e = cudaFuncGetAttributes(&attr, fns[i]);
     if (e != cudaSuccess) return (int)e;
+    if (attr.localSizeBytes > need) need = attr.localSizeBytes;
   }
-  return (int)cudaSuccess;
+  cudaError_t e = cudaDeviceGetLimit(stackBytes, cudaLimitStackSize);
+  if (e == cudaSuccess && *stackBytes < need) {
+    e = cudaDeviceSetLimit(cudaLimitStackSize, need);
+    if (e == cudaSuccess) *stackBytes = need;
+  }
+  return (int)e;
 #endif
 }
 

@@ -262,11 +262,15 @@ static gcommResult_t registerArea(gcommComm_t comm, int rank, char** region) {
 gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card) {
   struct gcommDev* d = comm->dev;
   CUDA_CHECK(comm, -1, cudaSetDevice(comm->device));
-  /* every kernel's code now, not at its first launch (gcommKernelsLoad says why) */
-  cudaError_t loaded = (cudaError_t)gcommKernelsLoad();
+  /* every kernel's code and stack now, not at its first launch (gcommKernelsLoad says why) */
+  size_t stackBytes = 0;
+  cudaError_t loaded = (cudaError_t)gcommKernelsLoad(&stackBytes);
   if (loaded != cudaSuccess)
     return GCOMM_ERROR(comm, gcommDeviceError, -1, "loading the kernels failed: %s (%s)",
                        cudaGetErrorName(loaded), cudaGetErrorString(loaded));
+  GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
+             "GPU %d: kernels loaded, %zu bytes of stack a thread reserved", comm->device,
+             stackBytes);
   d->peerRegion = calloc(comm->nranks, sizeof(char*));
   d->args = malloc(sizeof(gcommDevLaunch_t));
   if (d->peerRegion == NULL || d->args == NULL)
