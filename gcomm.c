@@ -1755,11 +1755,11 @@ static void noteGpuSharing(gcommComm_t comm, int sharing, int sharingNoMps) {
 /* Collective (every rank). The channel (block) count a GPU communicator uses by default. A block
  * pushes ~11 GB/s over NVLink and blocks that reduce or copy locally leave the link idle
  * meanwhile, so 128 of them fill it (docs/PERF.md: 2 and 4 GPUs). Blocks of ranks that share a
- * GPU wait on each other, so all of them must be resident at once: at most 2 a multiprocessor
- * (this kernel's 64 registers x 512 threads), and not more than one per multiprocessor for each
- * rank. More than 4 ranks on a node: 64 at most (FIFO memory grows with ranks x lanes). Between
- * nodes 4: each lane to a remote rank pins 2 FIFOs of host memory, and the network sets the pace;
- * staged through host memory (GCOMM_P2P_DISABLE) 16: PCIe sets it; 16 with copy engines too. */
+ * GPU wait on each other, so all of them must be resident at once: the ranks on one GPU get one
+ * block a multiprocessor between them (comm->blockBudget). More than 4 ranks on a node: 64 at
+ * most (FIFO memory grows with ranks x lanes). Between nodes 4: each lane to a remote rank pins
+ * 2 FIFOs of host memory, and the network sets the pace; staged through host memory
+ * (GCOMM_P2P_DISABLE) 16: PCIe sets it; 16 with copy engines too. */
 static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* nChannels) {
   gpuOfRank_t mine = {hostId, comm->devicePci, comm->device >= 0 ? comm->deviceSMs : -1,
                       comm->device >= 0 && comm->deviceMps};
@@ -1784,8 +1784,15 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
   }
   free(all);
   noteGpuSharing(comm, sharing, sharingNoMps);
+  /* Ranks sharing a GPU: one block a multiprocessor for all of them together. The kernel fits 2
+   * an SM, but under MPS 8 ranks on one H100 with 32 channels each (256 blocks) stalled in 9 of
+   * 21 stress runs (some ranks' blocks did not start until the others timed out), and with 16 or
+   * 8 channels passed 15 of 15 (docs/PERF.md, ranks sharing a GPU). */
+  comm->blockBudget = sharing > 1 ? (int)(fewestSms / sharing) : GCOMM_DEV_MAX_WORKS;
+  if (comm->blockBudget < 1) comm->blockBudget = 1;
+  if (comm->blockBudget > GCOMM_DEV_MAX_WORKS) comm->blockBudget = GCOMM_DEV_MAX_WORKS;
   int nch = comm->nLocal > 4 ? GCOMM_MAX_CHANNELS / 2 : GCOMM_MAX_CHANNELS;
-  while (nch > 1 && (nch > fewestSms || (int64_t)sharing * nch > 2 * fewestSms)) nch /= 2;
+  while (nch > 1 && (nch > fewestSms || (sharing > 1 && nch > comm->blockBudget))) nch /= 2;
   /* a small LL launch runs up to GCOMM_DEV_SMALL_WORKS blocks at 1 an SM (blocks of ranks sharing
    * a GPU wait on each other: all must be resident); one waiting to start beside the one before
    * it holds SMs too: every rank sharing a GPU must still fit both */
@@ -1849,7 +1856,7 @@ static gcommResult_t commSetup(gcommComm_t comm, const gcommConfig_t* config) {
    * from every other rank once, each split over every p2p channel, inside one launch (a split
    * launch may deadlock). This also bounds the GPU FIFO memory of the p2p lanes. */
   if (comm->device >= 0) {
-    int cap = GCOMM_DEV_MAX_WORKS / 2 / (comm->nranks > 1 ? comm->nranks - 1 : 1);
+    int cap = comm->blockBudget / 2 / (comm->nranks > 1 ? comm->nranks - 1 : 1);
     if (cap < 1) cap = 1;
     if (comm->nP2pChannels > cap) comm->nP2pChannels = cap;
   }

@@ -265,6 +265,9 @@ struct gcommComm {
    * GPU has room for one at once), and may start while the previous one on their stream ends
    * (GCOMM_PDL, and there is room for two) */
   int smallKernel, launchOverlap;
+  /* GPU communicators: the blocks one launch of this rank may hold, so that every rank sharing
+   * its GPU is resident at once (GCOMM_DEV_MAX_WORKS when the rank has the GPU to itself) */
+  int blockBudget;
   uint64_t devicePci; /* GPU communicators: the GPU's PCI domain, bus and device */
   int deviceMps;      /* GPU communicators: this process reaches its GPU through MPS */
   int nLocal;         /* ranks on this node */
