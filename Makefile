@@ -305,7 +305,7 @@ $(NCCL_LIB): $(LIB_OBJ) $(BUILD)/obj/nccl/gcomm_nccl.o nccl/libnccl.map
 # its test (nccl/test_nccl.c), linked to it as an NCCL program is
 $(BUILD)/nccl/test_nccl: nccl/test_nccl.c test/testlib.h $(NCCL_LIB)
 	$(MPICC) $(CFLAGS) -I$(NCCL_HOME)/include -o $@ $< $(LDFLAGS) -L$(BUILD)/nccl -l:libnccl.so.2 \
-	  -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
+	  -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN' $(LDLIBS)
 nccl: $(NCCL_LIB) $(BUILD)/nccl/test_nccl
 nccl-check: $(NCCL_LIB)
 	bash tools/nccl_symbols_check.sh $(NCCL_LIB) nccl/nccl_symbols.txt

@@ -7,7 +7,12 @@
  *   mpiexec -n 4 build/nccl/test_nccl           (rank r on GPU r mod the GPU count)
  *   build/nccl/test_nccl --no-mpi               (one process that never calls MPI_Init)
  */
+#define _GNU_SOURCE
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <libgen.h>
+#include <limits.h>
+#include <unistd.h>
 #include <nccl.h>
 
 #include "../test/testlib.h"
@@ -75,7 +80,14 @@ static void checkAllToAllInPlace(ncclComm_t comm, int n) {
   cudaMemcpy(dev, in, total * sizeof(int32_t), cudaMemcpyHostToDevice);
   if (NCCL_OK(ncclAlltoAll(dev, dev, COUNT, ncclInt32, comm, NULL))) {
     cudaMemcpy(out, dev, total * sizeof(int32_t), cudaMemcpyDeviceToHost);
-    if (memcmp(out, ref, total * sizeof(int32_t)) != 0) tlFail("differs from MPI_Alltoall");
+    size_t bad = 0, first = total;
+    for (size_t i = 0; i < total; i++)
+      if (out[i] != ref[i]) bad++, first = first < i ? first : i;
+    if (bad)
+      tlFail(
+          "differs from MPI_Alltoall at %zu of %zu elements, the first at %zu (block %zu): %d, "
+          "not %d (input there: %d)",
+          bad, total, first, first / COUNT, out[first], ref[first], in[first]);
   }
   cudaFree(dev);
   free(in), free(out), free(ref);
@@ -152,6 +164,24 @@ static int noMpi(void) {
   return ok ? 0 : 1;
 }
 
+/* The libnccl.so.2 this process runs is gcomm's, the one beside the test (the Makefile links it
+ * there with an RPATH that LD_LIBRARY_PATH cannot override): a machine with NVIDIA's NCCL on
+ * LD_LIBRARY_PATH would otherwise test that instead. */
+static void checkLibrary(void) {
+  Dl_info info;
+  char exe[PATH_MAX], lib[PATH_MAX];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (len <= 0 || !dladdr((void*)ncclGetVersion, &info) || info.dli_fname == NULL ||
+      realpath(info.dli_fname, lib) == NULL) {
+    tlFail("cannot tell which libnccl.so.2 is loaded");
+    return;
+  }
+  exe[len] = 0;
+  char* dir = dirname(exe);
+  if (strncmp(lib, dir, strlen(dir)) != 0 || lib[strlen(dir)] != '/')
+    tlFail("the NCCL library loaded is %s, not gcomm's beside this test in %s", lib, dir);
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--no-mpi") == 0) return noMpi();
   tlInit(&argc, &argv);
@@ -161,6 +191,8 @@ int main(int argc, char** argv) {
   if (!NCCL_OK(ncclGetVersion(&version)) || version != NCCL_VERSION_CODE)
     tlFail("ncclGetVersion %d, the header's %d", version, NCCL_VERSION_CODE);
   tlReport("ncclGetVersion is the header's");
+  checkLibrary();
+  tlReport("the library under test is gcomm's libnccl.so.2");
 
   ncclUniqueId id;
   ncclComm_t world = NULL;
