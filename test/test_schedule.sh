@@ -42,11 +42,11 @@ check "an algorithm a collective lacks is named with the one gcomm runs" \
   run 0 "$tool" --coll allgather --algo tree -n 3
 check "... (allgather tree runs ring)" has "algorithm ring (allgather has no tree: gcomm runs this)"
 
-# every picture is XML
+# every picture is XML: every collective's on 5 ranks, the all-reduce's on 1 and 2 too
 bad=""
 for coll in allreduce broadcast reduce allgather reducescatter alltoall gather scatter; do
   for algo in ring tree direct twoshot; do
-    for n in 1 2 5; do
+    for n in 5 $([ $coll = allreduce ] && echo 1 2); do
       if ! run 0 "$tool" --coll "$coll" --algo "$algo" -n "$n" --count 7 --chunk 3 --svg "$tmp/p.svg" ||
         ! valid_xml "$tmp/p.svg"; then
         bad="$bad $coll/$algo/$n"
@@ -54,7 +54,7 @@ for coll in allreduce broadcast reduce allgather reducescatter alltoall gather s
     done
   done
 done
-check "every collective's picture on 1, 2, 5 ranks is valid XML${bad:+ (not:$bad)}" [ -z "$bad" ]
+check "every picture is valid XML${bad:+ (not:$bad)}" [ -z "$bad" ]
 
 # the pictures in docs/ are the schedules gcomm runs now
 for svg in "$here"/../docs/schedules/*.svg; do
