@@ -3,14 +3,15 @@
 definitions of the collectives, without gcomm's code: run by test/test_schedule.sh.
 
 For every collective and algorithm on 1 to 8 ranks (roots first, middle and last), and on a few
-rank counts with counts and chunk sizes that take several rounds, it runs
-`gcomm_schedule --steps` and then:
+rank counts with counts and chunk sizes that take several rounds, it runs `gcomm_schedule
+--steps` and then:
   - the steps' fields are in range: peers are ranks, buffer ranges lie inside the buffers (whose
     sizes the collective's definition gives), nothing writes the input buffer;
-  - it runs the steps over FIFOs of SLOTS slots between every pair of ranks (rank a's k-th slot to
-    b is b's k-th from a), each rank in its own order, a step waiting until what it reads has
-    arrived and what it writes has room: every rank must finish, every slot sent be received,
-    and a slot hold as many elements as its receiver expects;
+  - it runs the steps over FIFOs between every pair of ranks, of as many slots as gcomm's (the
+    tool's first line says how many): rank a's k-th slot to b is b's k-th from a, each rank runs
+    its steps in order, a step waits until what it reads has arrived and what it writes has room.
+    Every rank must finish, every slot sent be received, and a slot hold as many elements as its
+    receiver expects;
   - the tool's rounds agree: a rank's rounds increase, and a slot is received in a round after
     the one it was sent in;
   - with symbolic data (element i of rank p's input is the leaf (p, i); a reduction is a node of
@@ -21,7 +22,7 @@ rank counts with counts and chunk sizes that take several rounds, it runs
 An algorithm a collective does not have runs another (gcommSchedAlgo): it is checked to print
 that one's steps. Prints one PASS or FAIL line per collective, algorithm and size over all rank
 counts.
-Usage: schedule_check.py GCOMM_SCHEDULE SLOTS
+Usage: schedule_check.py GCOMM_SCHEDULE
 """
 import collections
 import concurrent.futures
@@ -217,8 +218,20 @@ def steps_of(tool, coll, algo, n, count=0, chunk=0, root=0):
     return res.stdout
 
 
-def check_one(tool, coll, algo, n, count, chunk, root, slots):
+def header(text):
+    """The first line of --steps: # algorithm=A fifo_slots=S"""
+    first = text.split("\n", 1)[0].split()
+    if first[:1] != ["#"] or not all("=" in kv for kv in first[1:]):
+        raise Wrong("--steps begins with %r, not '# algorithm=... fifo_slots=...'" % " ".join(first))
+    fields = dict(kv.split("=", 1) for kv in first[1:])
+    if "algorithm" not in fields or not fields.get("fifo_slots", "").isdigit():
+        raise Wrong("--steps' first line lacks the algorithm or the FIFO slots")
+    return fields
+
+
+def check_one(tool, coll, algo, n, count, chunk, root):
     text = steps_of(tool, coll, algo, n, count, chunk, root)
+    slots = int(header(text)["fifo_slots"])
     c = count or (1 if coll in PER_RANK else n)
     sizes = dict(zip(("in", "out"), BUFFERS[coll][0](c, n)))
     steps = parse_steps(text, n)
@@ -246,9 +259,7 @@ def falls_back(tool, coll, algo):
     """The algorithm gcomm runs instead of algo for coll, or None when it runs algo. Its schedule
     (checked under its own name) must be the one printed for algo."""
     text = steps_of(tool, coll, algo, 5)
-    if not text.startswith("# algorithm="):
-        raise Wrong("--steps does not begin with the algorithm that runs")
-    ran = text.splitlines()[0].split("=")[1]
+    ran = header(text)["algorithm"]
     if ran == algo:
         return None
     if ran not in ALGOS or text.split("\n", 1)[1] != steps_of(tool, coll, ran, 5).split("\n", 1)[1]:
@@ -256,7 +267,7 @@ def falls_back(tool, coll, algo):
     return ran
 
 
-def check_size(tool, coll, algo, size, slots):
+def check_size(tool, coll, algo, size):
     """The case's line: PASS, or FAIL with the first rank count and root that fails."""
     count, chunk, ns, roots = size
     rooted = BUFFERS[coll][1]
@@ -267,13 +278,13 @@ def check_size(tool, coll, algo, size, slots):
     for n in ns:
         for root in roots(n) if rooted else [0]:
             try:
-                check_one(tool, coll, algo, n, count, chunk, root, slots)
+                check_one(tool, coll, algo, n, count, chunk, root)
             except Wrong as e:
                 return "FAIL schedule %s: n %d root %d: %s" % (what, n, root, e)
     return "PASS schedule %s: the collective's definition" % what
 
 
-def check_algo(tool, coll, algo, slots):
+def check_algo(tool, coll, algo):
     """The lines of one collective's algorithm."""
     try:
         ran = falls_back(tool, coll, algo)
@@ -281,14 +292,14 @@ def check_algo(tool, coll, algo, slots):
         return ["FAIL schedule %s %s: %s" % (coll, algo, e)]
     if ran is not None:
         return ["PASS schedule %s %s: runs %s's schedule (checked as %s)" % (coll, algo, ran, ran)]
-    return [check_size(tool, coll, algo, size, slots) for size in SIZES]
+    return [check_size(tool, coll, algo, size) for size in SIZES]
 
 
 def main():
-    tool, slots = sys.argv[1], int(sys.argv[2])
+    tool = sys.argv[1]
     # the cases run side by side: most of the time is the tool's start (slow under sanitizers)
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        jobs = [pool.submit(check_algo, tool, coll, algo, slots)
+        jobs = [pool.submit(check_algo, tool, coll, algo)
                 for coll in BUFFERS for algo in ALGOS]
         lines = [line for job in jobs for line in job.result()]
     print("\n".join(lines))

@@ -26,8 +26,7 @@ if [ ! -x "$tool" ]; then
 fi
 
 # the data movement of every schedule, simulated independently (one PASS/FAIL line per case)
-slots=$(sed -n 's/^#define GCOMM_STEPS \([0-9]*\).*/\1/p' "$here/../gcomm_sched.h")
-python3 "$here/schedule_check.py" "$tool" "${slots:-8}" || true
+python3 "$here/schedule_check.py" "$tool" || true
 
 # the 4-rank ring all-reduce: reduce-scatter in 4 rounds (rank r finishes chunk r), then all-gather
 check "ring all-reduce on 4 ranks: exit 0" run 0 "$tool" --coll allreduce --algo ring -n 4

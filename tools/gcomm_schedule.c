@@ -382,10 +382,10 @@ static void printPeers(const char* key, const int peer[2]) {
     if (peer[i] >= 0) printf("%s%d", i == 1 && peer[0] >= 0 ? "," : "", peer[i]);
 }
 
-/* The algorithm that runs, then one line per step: rank, step, round, recv, send, src, dst,
- * count, reduce, final. */
+/* The algorithm that runs and the slots of a FIFO, then one line per step: rank, step, round, recv,
+ * send, src, dst, count, reduce, final. */
 static void printSteps(const schedule_t* s) {
-  printf("# algorithm=%s\n", algoNames[s->algo]);
+  printf("# algorithm=%s fifo_slots=%d\n", algoNames[s->algo], GCOMM_STEPS);
   for (long k = 0; k < s->nCells; k++) {
     const cell_t* c = &s->cells[k];
     const gcommStep_t* st = &c->st;
