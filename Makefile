@@ -221,7 +221,7 @@ PREFIX  ?= /usr/local
 LIBDIR  ?= lib
 DESTDIR ?=
 # programs installed in bin/: append built ones here (INSTALL_BINS += $(BUILD)/gcomm_info)
-INSTALL_BINS = $(BUILD)/gcomm_perf $(wildcard $(BUILD)/gcomm_info)
+INSTALL_BINS = $(BUILD)/gcomm_perf $(wildcard $(BUILD)/gcomm_info) $(BUILD)/gcomm_schedule
 INSTALL_HDRS = gcomm.h gcomm_profiler.h
 INSTALL_PLUGINS = $(patsubst examples/profiler/%.c,$(BUILD)/examples/libgcomm-profiler-%.so,$(wildcard examples/profiler/*.c))
 INSTALL_TOOLS = tools/gcomm_trace.py tools/hang_report.py tools/perf_table.py
@@ -287,6 +287,12 @@ help:
 all: $(BUILD)/gcomm_info
 $(BUILD)/gcomm_info: tools/gcomm_info.c $(BUILD)/libgcomm.a $(LIB_HDR) $(CONFIG)
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
+
+# gcomm_schedule: a collective's schedule for n ranks as a table and an SVG picture, from
+# gcomm_sched.h alone (tools/gcomm_schedule.c)
+all: $(BUILD)/gcomm_schedule
+$(BUILD)/gcomm_schedule: tools/gcomm_schedule.c $(LIB_HDR) $(CONFIG)
+	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS)
 
 # NCCL's API over gcomm (nccl/gcomm_nccl.c): $(BUILD)/nccl/libnccl.so.2 for MPI programs written
 # for NCCL. NCCL_HOME gives NVIDIA's nccl.h only ($(NCCL_HOME)/include/nccl.h).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test/run.sh - runs every test program under $MPIEXEC -n N for several N (`make test` calls it),
-# then the test scripts that start their own jobs (test_info.sh) once each.
+# then the test scripts that start their own jobs (test_info.sh) or need none (test_schedule.sh)
+# once each.
 #
 # Each program prints "PASS what" / "FAIL what: why" lines (rank 0); this script counts them. A run
 # that exits non-zero (a crash, a sanitizer report, a leak), hangs past its timeout, or prints no
@@ -122,7 +123,7 @@ for prog in "${tests[@]}"; do
   done
 done
 # Scripts that start their own jobs (each with the rank counts it needs): run once each.
-for script in test_info.sh; do
+for script in test_info.sh test_schedule.sh; do
   name=${script%.sh}
   if [ -n "${TEST_ONLY:-}" ] && ! [[ $name =~ $TEST_ONLY ]]; then continue; fi
   runCounted "$name" "$name" env BUILD="$BUILD" MPIEXEC="$MPIEXEC" bash "$here/$script"

@@ -8,29 +8,8 @@ set -u
 BUILD=${BUILD:-build}
 MPIEXEC=${MPIEXEC:-mpiexec}
 info=$BUILD/gcomm_info
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-# check WHAT COMMAND...: PASS when COMMAND succeeds, else FAIL with the output it saw.
-check() {
-  local what=$1
-  shift
-  if "$@"; then
-    echo "PASS gcomm_info: $what"
-  else
-    echo "FAIL gcomm_info: $what; its output:"
-    sed 's/^/    | /' "$tmp/out"
-  fi
-}
-# run RC_WANTED ARGS...: runs with the output in $tmp/out; true when the exit status is as wanted
-# (0, or "nonzero").
-run() {
-  local want=$1 rc=0
-  shift
-  timeout -k 10 300 "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
-  if [ "$want" = nonzero ]; then [ "$rc" != 0 ] && [ "$rc" != 124 ]; else [ "$rc" = "$want" ]; fi
-}
-has() { grep -qF -- "$1" "$tmp/out"; }
+CHECK_NAME=gcomm_info
+source "$(dirname "$0")/checks.sh"
 
 # alone: an MPI singleton
 check "runs alone (exit 0)" run 0 "$info"
