@@ -34,7 +34,9 @@ CORE_SRC = gcomm_params.c gcomm_wait.c gcomm_host_reduce.c gcomm_order.c gcomm_n
            gcomm_executor.c gcomm_progress.c gcomm_profiler.c gcomm_tuning.c gcomm_args.c \
            gcomm_enqueue.c gcomm_bootstrap.c gcomm_vcoll.c
 LIB_SRC  = gcomm.c $(CORE_SRC) transports/shm.c
-LIB_HDR  = gcomm.h gcomm_profiler.h gcomm_internal.h gcomm_core.h gcomm_sched.h gcomm_reduce.h gcomm_device.h gcomm_gpu.h
+# the GPU engine (CUDA=1 or HIP=1) and the IPC transport between a node's GPUs
+GPU_SRC  = gcomm_gpu_engine.c gcomm_gpu_copy.c gcomm_gpu_prof.c gcomm_gpu_net.c transports/p2p.c
+LIB_HDR  = gcomm.h gcomm_profiler.h gcomm_internal.h gcomm_core.h gcomm_gpu_engine.h gcomm_sched.h gcomm_reduce.h gcomm_device.h gcomm_gpu.h
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 
 ifeq ($(CUDA),1)
@@ -45,7 +47,7 @@ NVCCFLAGS += -O3 -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Werror all-w
              $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -I.
 CFLAGS    += -DGCOMM_CUDA -I$(CUDA_HOME)/include
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
-LIB_SRC   += transports/p2p.c
+LIB_SRC   += $(GPU_SRC)
 LIB_OBJ   += $(BUILD)/obj/gcomm_kernels.o
 endif
 ifeq ($(HIP),1)
@@ -63,7 +65,7 @@ endif
 HIPFLAGS  += -O3 -std=c++17 -fPIC -Wall -Wextra -Werror $(foreach a,$(HIP_ARCH),--offload-arch=$(a)) -I.
 CFLAGS    += -DGCOMM_HIP -D__HIP_PLATFORM_AMD__
 LDLIBS    += -lamdhip64
-LIB_SRC   += transports/p2p.c
+LIB_SRC   += $(GPU_SRC)
 LIB_OBJ   += $(BUILD)/obj/gcomm_kernels_hip.o
 endif
 ifeq ($(OFI),1)
