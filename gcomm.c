@@ -43,13 +43,11 @@ static void commFree(gcommComm_t comm) {
   }
   if (comm->queues) gcommDrainAll(comm); /* frees whatever never ran */
   gcommProfFinalize(comm);               /* no hook runs after this */
-#ifdef GCOMM_OFI
-  gcommNetFree(comm); /* first: its receives may land in a GPU communicator's pinned FIFOs */
-#endif
-#ifdef GCOMM_GPU
-  gcommDeviceFree(comm);
-#endif
-  gcommShmFree(comm);
+  /* the transports: all closed (in setup order), then freed (in reverse) */
+  for (int i = 0; i < comm->nTransports; i++)
+    if (comm->transports[i]->close) comm->transports[i]->close(comm);
+  for (int i = comm->nTransports - 1; i >= 0; i--)
+    if (comm->transports[i]->free) comm->transports[i]->free(comm);
   free(comm->sendConns);
   free(comm->recvConns);
   free(comm->queues);

@@ -145,10 +145,6 @@ int gcommIsInPlace(const gcommOp_t* op, int rank, size_t esz) {
   }
 }
 
-int gcommIsReduction(int func) {
-  return func == gcommFuncAllReduce || func == gcommFuncReduce || func == gcommFuncReduceScatter;
-}
-
 /* No buffer is larger than a process's address space (2^57 bytes with 5-level paging): a count
  * beyond it is too large, before it can look like an overlap (or an in-place layout). */
 #define MAX_BUFFER_BYTES ((size_t)1 << 57)

@@ -11,12 +11,6 @@
 
 #include "gcomm_core.h"
 
-int gcommLocalIndex(gcommComm_t comm, int rank) {
-  int idx = 0;
-  for (int q = 0; q < rank; q++) idx += comm->cards[q].hostId == comm->cards[rank].hostId;
-  return idx;
-}
-
 /* Every rank learns whether every rank succeeded, so that no rank waits in a later collective
  * step for a rank that has given up; and the ranks that succeeded learn why one failed (its
  * message: the cause, e.g. a full /dev/shm, at every rank). */
@@ -146,18 +140,23 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
 }
 #endif
 
-/* Whether the user chose the channel count (GCOMM_NCHANNELS or config.nChannels): defaults that
- * depend on the communicator's shape then stay out of the way. */
-static int channelsChosen(const gcommConfig_t* config) {
-  return getenv("GCOMM_NCHANNELS") != NULL ||
-         (config != NULL && config->nChannels != GCOMM_CONFIG_UNDEF_INT);
+/* The build's transports, in setup order, before any of them makes anything: a failed setup
+ * frees whatever each made (commFree). The network asks the core where a receive may land. */
+static void addTransports(gcommComm_t comm) {
+  comm->transports[comm->nTransports++] = &gcommShmTransport;
+#ifdef GCOMM_OFI
+  comm->transports[comm->nTransports++] = &gcommNetTransport;
+  comm->netDirectTarget = gcommNetDirectTarget;
+#endif
+#ifdef GCOMM_GPU
+  comm->transports[comm->nTransports++] = &gcommGpuTransport;
+#endif
 }
 
-/* Everything after the MPI communicator exists; on failure the caller frees comm. */
-gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
+/* Rank, size, parameters (every rank the same), name, node. */
+static gcommResult_t setupIdentity(gcommComm_t comm, const gcommConfig_t* config,
+                                   uint64_t* hostId) {
   static int commCounter;
-  gcommCard_t card;
-  uint64_t hostId = 0;
   MPI_CHECK(comm, MPI_Comm_rank(comm->mpiComm, &comm->rank));
   MPI_CHECK(comm, MPI_Comm_size(comm->mpiComm, &comm->nranks));
   gcommParamsLoad(&comm->params, comm, config);
@@ -169,13 +168,19 @@ gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
   if (comm->name[0] == 0)
     snprintf(comm->name, sizeof(comm->name), "comm%d",
              __atomic_fetch_add(&commCounter, 1, __ATOMIC_RELAXED));
-  GCOMM_CHECK(detectNode(comm, &hostId));
+  return detectNode(comm, hostId);
+}
+
+/* The GPU (or none), the channels and the FIFO slots: defaults that depend on the communicator's
+ * shape, where the user did not choose (GCOMM_NCHANNELS, config.nChannels, GCOMM_BUFFSIZE). */
+static gcommResult_t setupShape(gcommComm_t comm, const gcommConfig_t* config, uint64_t hostId) {
+  (void)config, (void)hostId;
 #ifdef GCOMM_GPU
   GCOMM_CHECK(agreeOnResult(comm, gcommDeviceSelect(comm, config), "GPU selection"));
   int gpuChannels = 0;
   GCOMM_CHECK(gpuDefaultChannels(comm, hostId, &gpuChannels)); /* every rank: an MPI call */
-  if (comm->device >= 0 && !channelsChosen(config)) comm->params.nChannels = gpuChannels;
-  if (comm->device >= 0 && getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
+  if (comm->device >= 0 && !comm->params.nChannelsChosen) comm->params.nChannels = gpuChannels;
+  if (comm->device >= 0 && !comm->params.buffSizeChosen) comm->params.buffSize = 4 << 20;
 #endif
   /* host communicators between nodes: one channel. Every lane to a peer shares its one
    * connection, and one thread moves them all; against 2 channels a 4 MB all-reduce over tcp took
@@ -185,8 +190,8 @@ gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
    * 1-16 MB in 3 of 4 sets of alternating runs (34 pairs), 128 KB was worse everywhere, 768 KB
    * and 1 MB no better. GPU communicators keep theirs (above). */
   if (spansNodes(comm) && comm->device < 0) {
-    if (!channelsChosen(config)) comm->params.nChannels = 1;
-    if (getenv("GCOMM_BUFFSIZE") == NULL) comm->params.buffSize = 4 << 20;
+    if (!comm->params.nChannelsChosen) comm->params.nChannels = 1;
+    if (!comm->params.buffSizeChosen) comm->params.buffSize = 4 << 20;
   }
   comm->nChannels = comm->params.nChannels;
   /* lanes [0, nChannels) carry collectives, [nChannels, nChannels + nP2pChannels) point-to-point */
@@ -203,7 +208,13 @@ gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
 #endif
   comm->nLanes = comm->nChannels + comm->nP2pChannels;
   comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
+  return gcommSuccess;
+}
 
+/* This rank's card (its node, pid, GPU, shm segment, GPU region handle): the segment and the
+ * GPU's FIFO region made first, then every rank's card exchanged. */
+static gcommResult_t exchangeCards(gcommComm_t comm, uint64_t hostId) {
+  gcommCard_t card;
   memset(&card, 0, sizeof(card));
   card.hostId = hostId;
   card.pid = getpid();
@@ -223,19 +234,28 @@ gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
   if (comm->cards == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   MPI_CHECK(comm, MPI_Allgather(&card, sizeof(card), MPI_BYTE, comm->cards, sizeof(card), MPI_BYTE,
                                 comm->mpiComm));
-  /* the lanes and slot size must agree: they shape every FIFO; and so must the slot words, and
-   * on GPUs the copy engines (which rule out LL: both ends of a connection use one protocol) */
-  int shape[5] = {comm->nChannels, (int)comm->slotBytes, comm->nLanes,
-                  (int)comm->params.checkMismatch, comm->device >= 0 && comm->params.p2pMemcpy},
-      lo[5], hi[5];
-  MPI_CHECK(comm, MPI_Allreduce(shape, lo, 5, MPI_INT, MPI_MIN, comm->mpiComm));
-  MPI_CHECK(comm, MPI_Allreduce(shape, hi, 5, MPI_INT, MPI_MAX, comm->mpiComm));
+  return gcommSuccess;
+}
+
+/* What shapes every FIFO must be the same on every rank: the lanes and slot size, the slot words
+ * (GCOMM_CHECK_MISMATCH) and, on GPUs, the copy engines (which rule out LL: both ends of a
+ * connection use one protocol). And a rank on another node needs the network. */
+static gcommResult_t checkShapeAgrees(gcommComm_t comm, uint64_t hostId) {
+  enum { CHANNELS, SLOT_BYTES, LANES, CHECK_MISMATCH, COPY_ENGINES, NFIELDS };
+  int shape[NFIELDS], lo[NFIELDS], hi[NFIELDS];
+  shape[CHANNELS] = comm->nChannels;
+  shape[SLOT_BYTES] = (int)comm->slotBytes;
+  shape[LANES] = comm->nLanes;
+  shape[CHECK_MISMATCH] = (int)comm->params.checkMismatch;
+  shape[COPY_ENGINES] = comm->device >= 0 && comm->params.p2pMemcpy;
+  MPI_CHECK(comm, MPI_Allreduce(shape, lo, NFIELDS, MPI_INT, MPI_MIN, comm->mpiComm));
+  MPI_CHECK(comm, MPI_Allreduce(shape, hi, NFIELDS, MPI_INT, MPI_MAX, comm->mpiComm));
   if (memcmp(lo, hi, sizeof(lo)) != 0)
     return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
                        "ranks disagree on GCOMM_NCHANNELS (%d..%d), GCOMM_BUFFSIZE, "
                        "GCOMM_CHECK_MISMATCH, GCOMM_P2P_USE_CUDA_MEMCPY or GPU vs host "
                        "(config.device): set them the same on every rank",
-                       lo[0], hi[0]);
+                       lo[CHANNELS], hi[CHANNELS]);
 #ifdef GCOMM_OFI
   for (int p = 0; p < comm->nranks; p++)
     if (comm->cards[p].hostId != hostId && comm->params.netDisable)
@@ -250,22 +270,26 @@ gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
                          "(build with OFI=1)",
                          p);
 #endif
+  return gcommSuccess;
+}
 
+/* The connection tables, then every transport's connections, each step agreed by every rank. */
+static gcommResult_t connectTransports(gcommComm_t comm) {
   comm->sendConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
   comm->recvConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
   comm->nQueues = comm->nChannels + 2 * comm->nranks * comm->nP2pChannels;
   comm->queues = calloc(comm->nQueues, sizeof(gcommQueue_t));
-  res = comm->sendConns && comm->recvConns && comm->queues
-            ? gcommShmConnect(comm)
-            : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  GCOMM_CHECK(agreeOnResult(comm, res, "shared-memory connection"));
-  gcommShmUnlink(comm); /* every rank has mapped every segment it needs */
-#ifdef GCOMM_OFI
-  GCOMM_CHECK(agreeOnResult(comm, gcommNetSetup(comm), "network setup"));
-#endif
+  gcommResult_t res = comm->sendConns && comm->recvConns && comm->queues
+                          ? gcommSuccess
+                          : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  for (int i = 0; i < comm->nTransports; i++) {
+    const gcommTransport_t* t = comm->transports[i];
+    if (t->connect == NULL) continue;
+    if (res == gcommSuccess) res = t->connect(comm);
+    GCOMM_CHECK(agreeOnResult(comm, res, t->connectWhat));
+    if (t->connected) t->connected(comm);
+  }
 #ifdef GCOMM_GPU
-  res = comm->device >= 0 ? gcommDeviceConnect(comm) : gcommSuccess;
-  GCOMM_CHECK(agreeOnResult(comm, res, "GPU IPC connection"));
   if (comm->device >= 0 && comm->params.proto == gcommProtoLL &&
       (spansNodes(comm) || copiesByEngine(comm)))
     GCOMM_WARN(comm,
@@ -273,7 +297,18 @@ gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
                "communicator %s and uses simple",
                spansNodes(comm) ? "spans nodes" : "sends through copy engines");
 #endif
+  return gcommSuccess;
+}
 
+/* Everything after the MPI communicator exists; on failure the caller frees comm. */
+gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
+  uint64_t hostId = 0;
+  addTransports(comm);
+  GCOMM_CHECK(setupIdentity(comm, config, &hostId));
+  GCOMM_CHECK(setupShape(comm, config, hostId));
+  GCOMM_CHECK(exchangeCards(comm, hostId));
+  GCOMM_CHECK(checkShapeAgrees(comm, hostId));
+  GCOMM_CHECK(connectTransports(comm));
   if (comm->params.dumpSignal > 0) gcommInstallDumpSignal(comm);
   GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
              "comm \"%s\" rank %d/%d: %d local ranks, %d channels, %zu-byte FIFO slots, proxy "
@@ -282,6 +317,10 @@ gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
              gcommProxyModeNames[comm->params.proxyMode], (int)getpid());
   gcommTuningPrint(comm);
   gcommProfInit(comm); /* late: a failing setup has no profiler to finalize */
+#ifdef GCOMM_GPU
+  /* the kernels' timestamps, with a plugin loaded (warns on failure) */
+  if (comm->prof.lib != NULL && comm->device >= 0) gcommDeviceProfSetup(comm);
+#endif
   /* after the profiler, which the thread's passes report to (commFree in gcomm.c finalizes it on
    * failure) */
   return hasGpuProxy(comm) ? gcommStartGpuProxy(comm) : gcommSuccess;

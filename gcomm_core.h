@@ -42,7 +42,7 @@ static inline int waitersDrive(gcommComm_t comm) {
 }
 
 /* A GPU communicator whose kernels stage data to other nodes through network FIFOs in pinned
- * host memory (transports/p2p.c), which only the progress thread moves. */
+ * host memory (gcomm_gpu_net.c), which only the progress thread moves. */
 static inline int stagesNet(gcommComm_t comm) {
 #if defined(GCOMM_GPU) && defined(GCOMM_OFI)
   return comm->device >= 0 && comm->net != NULL;
@@ -53,7 +53,7 @@ static inline int stagesNet(gcommComm_t comm) {
 }
 
 /* A GPU communicator whose kernels send to local ranks through staging FIFOs that the progress
- * thread copies with copy engines (GCOMM_P2P_USE_CUDA_MEMCPY, transports/p2p.c). */
+ * thread copies with copy engines (GCOMM_P2P_USE_CUDA_MEMCPY, gcomm_gpu_copy.c). */
 static inline int copiesByEngine(gcommComm_t comm) {
 #ifdef GCOMM_GPU
   return comm->device >= 0 && gcommDeviceCopyEngines(comm);
@@ -76,6 +76,10 @@ static inline int hasGpuProxy(gcommComm_t comm) {
     if (mpiErr_ != MPI_SUCCESS)                                                                   \
       return GCOMM_ERROR(comm, gcommSystemError, -1, "%s failed (MPI error %d)", #call, mpiErr_); \
   } while (0)
+
+static inline int gcommIsReduction(int func) {
+  return func == gcommFuncAllReduce || func == gcommFuncReduce || func == gcommFuncReduceScatter;
+}
 
 /* ---- Names for logs and errors (gcomm_params.c) ---- */
 extern const char* const gcommAlgoNames[];
@@ -119,7 +123,6 @@ void gcommSetAsyncError(gcommComm_t comm, gcommResult_t res);
 gcommResult_t gcommStartGpuProxy(gcommComm_t comm);
 
 /* ---- gcomm_wait.c ---- */
-uint64_t gcommBackoff(uint64_t* idleSince, int mayNap);
 struct timespec gcommDeadlineIn(long ns);
 
 /* ---- gcomm_args.c ---- */
@@ -132,7 +135,6 @@ int gcommCommIsLive(gcommComm_t comm);
 gcommResult_t gcommCommRegister(gcommComm_t comm);
 int gcommCommUnregister(gcommComm_t comm);
 int gcommIsInPlace(const gcommOp_t* op, int rank, size_t esz);
-int gcommIsReduction(int func);
 
 /* ---- gcomm_order.c ---- */
 void gcommBufferCounts(const gcommOp_t* op, int rank, int n, size_t* inCount, size_t* outCount);

@@ -298,17 +298,10 @@ gcommResult_t gcommDeviceTest(gcommComm_t comm, void* stream, const char* where)
   return gcommSuccess;
 }
 
-static void pause_(uint64_t* idleSince) {
-  uint64_t now = gcommNowNs();
-  if (*idleSince == 0) *idleSince = now;
-  uint64_t us = (now - *idleSince) / 1000;
-  if (us < 50) return;
-  if (us < 2000) {
-    sched_yield();
-    return;
-  }
-  struct timespec ts = {0, (long)(us / 16 < 200 ? us / 16 : 200) * 1000};
-  nanosleep(&ts, NULL);
+/* Waits on the GPU (a stream, the kernels' end): 50 us of polling first, naps of at most
+ * 200 us. */
+static void gpuBackoff(uint64_t* idleSince) {
+  (void)gcommBackoff(idleSince, 50, 200);
 }
 
 gcommResult_t gcommDeviceWait(gcommComm_t comm, void* stream, const char* where) {
@@ -321,7 +314,7 @@ gcommResult_t gcommDeviceWait(gcommComm_t comm, void* stream, const char* where)
       return gcommSetError(comm, gcommTimeout, -1, where,
                            "the stream's GPU work is not done after GCOMM_TIMEOUT_MS=%lld",
                            (long long)comm->params.timeoutMs);
-    pause_(&idleSince);
+    gpuBackoff(&idleSince);
   }
 }
 
@@ -400,7 +393,7 @@ static int waitLaunches(struct gcommDev* d, uint64_t deadline) {
     for (int i = 0; i < d->nMarks; i++)
       busy += cudaEventQuery(d->marks[i].done) == cudaErrorNotReady;
     if (busy == 0 || gcommNowNs() > deadline) return busy;
-    pause_(&idleSince);
+    gpuBackoff(&idleSince);
   }
 }
 
@@ -420,7 +413,7 @@ static gcommResult_t barrierBefore(gcommComm_t comm, uint64_t deadline) {
                          "(MPI_Ibarrier): a peer's kernels may still use this rank's FIFOs, "
                          "which stay allocated",
                          (long long)comm->params.timeoutMs);
-    pause_(&idleSince);
+    gpuBackoff(&idleSince);
   }
   if (rc != MPI_SUCCESS)
     return GCOMM_ERROR(comm, gcommSystemError, -1,
@@ -483,3 +476,50 @@ void gcommDeviceFree(gcommComm_t comm) {
   free(d);
   comm->dev = NULL;
 }
+
+/* ---- The GPU's FIFOs as a transport of the core (gcommTransport_t) ---- */
+
+/* Some of the kernels' FIFOs are moved by the progress thread's proxy: the network's (ranks on
+ * other nodes) or the copy engines'. */
+static int gpuProxied(gcommComm_t comm) {
+  if (comm->device < 0) return 0;
+#ifdef GCOMM_OFI
+  if (comm->net != NULL) return 1;
+#endif
+  return gcommDeviceCopyEngines(comm);
+}
+
+static gcommResult_t gpuConnect(gcommComm_t comm) {
+#ifdef GCOMM_OFI
+  comm->netFence = gcommDeviceNetFence; /* the network waits on the provider's GPU copies */
+#endif
+  return comm->device >= 0 ? gcommDeviceConnect(comm) : gcommSuccess;
+}
+
+/* the copy engines' proxy: staging slots the kernels filled go to the local peers' FIFOs */
+static gcommResult_t gpuProgress(gcommComm_t comm, int* moved) {
+  if (comm->device < 0 || !gcommDeviceCopyEngines(comm)) return gcommSuccess;
+  return gcommDeviceCopyProgress(comm, moved);
+}
+
+/* a kernel waits on the copy engines' proxy or the network's: the engine yields, never naps */
+static int gpuMustPoll(gcommComm_t comm) {
+  return gpuProxied(comm) && gcommDeviceKernelsWaiting(comm);
+}
+
+/* the proxied FIFOs move no more: kernels waiting on them stop (the first error stands) */
+static void gpuStop(gcommComm_t comm) {
+  if (gpuProxied(comm)) gcommDeviceAbort(comm);
+}
+
+const gcommTransport_t gcommGpuTransport = {
+    .name = "GPU (CUDA IPC, copy engines, network FIFOs)",
+    .connect = gpuConnect,
+    .connectWhat = "GPU IPC connection",
+    .progress = gpuProgress,
+    .mustPoll = gpuMustPoll,
+    .stop = gpuStop,
+    .threadStart =
+        gcommDeviceBindThread, /* the provider's copies of GPU memory (FI_HMEM) run there */
+    .free = gcommDeviceFree,
+};

@@ -102,6 +102,9 @@ void gcommGpuProfFree(struct gcommDevProf* p);
 #ifdef GCOMM_OFI
 /* ---- gcomm_gpu_net.c: FIFOs to ranks on other nodes, moved by the network's proxy ---- */
 gcommResult_t gcommGpuNetConnect(gcommComm_t comm, gcommDevConn_t* hc, uint64_t* steps);
+/* Waits for the copies of GPU memory that the provider issued from this thread on the legacy
+ * default stream (the network's comm->netFence, before a tail advances over their data). */
+gcommResult_t gcommDeviceNetFence(gcommComm_t comm);
 #endif
 
 #endif /* GCOMM_GPU_ENGINE_H */

@@ -54,8 +54,7 @@ gcommResult_t gcommGpuNetConnect(gcommComm_t comm, gcommDevConn_t* hc, uint64_t*
   const char* why = NULL;
   GCOMM_CHECK(netSlotsOnGpu(comm, nFifos * slotsBytes, &onGpu, &why));
   _Static_assert(sizeof(gcommFifo_t) <= GCOMM_DEV_FIFO_HDR, "a FIFO header holds gcommFifo_t");
-  size_t fifoBytes =
-      onGpu ? GCOMM_DEV_FIFO_HDR : (sizeof(gcommFifo_t) + slotsBytes + 4095) & ~(size_t)4095;
+  size_t fifoBytes = onGpu ? GCOMM_DEV_FIFO_HDR : gcommFifoBytes(comm->slotBytes);
   size_t bytes = fifoBytes * nFifos;
   CUDA_CHECK(comm, -1, cudaHostAlloc((void**)&d->netFifos, bytes, cudaHostAllocMapped));
   memset(d->netFifos, 0, bytes); /* counters start at 0 */

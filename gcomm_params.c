@@ -45,11 +45,12 @@ static const gcommParamDef_t paramTable[] = {
     {"GCOMM_DEBUG", "WARN", PARAM_LOG, -1, NULL, 0, 0, "log level: NONE, WARN, INFO or TRACE",
      LOCAL},
     {"GCOMM_DEBUG_SUBSYS", "ALL", PARAM_LOG, -1, NULL, 0, 0,
-     "comma list of INIT, COLL, P2P, PROXY, NET, SHM, TUNING, ENV, ALL; ^ excludes", LOCAL},
+     "comma list of INIT, COLL, P2P, PROXY, NET, SHM, TUNING, ENV, PROFILE, ALL; ^ excludes",
+     LOCAL},
     {"GCOMM_DEBUG_FILE", "", PARAM_LOG, -1, NULL, 0, 0,
      "log to this file instead of stderr; %h is the host name, %p the pid", LOCAL},
     {"GCOMM_ALGO", "", PARAM_ENUM, PARAM_AT(algo), gcommAlgoNames, 0, 0,
-     "force the algorithm: ring, tree or direct (default: the cost model picks)", SHARED},
+     "force the algorithm: ring, tree, direct or twoshot (default: the cost model picks)", SHARED},
     {"GCOMM_PROTO", "", PARAM_ENUM, PARAM_AT(proto), gcommProtoNames, 0, 0,
      "GPU communicators: force the protocol, simple or ll (default: the cost model picks)", SHARED},
     {"GCOMM_NCHANNELS", "2", PARAM_INT, PARAM_AT(nChannels), NULL, 1, GCOMM_MAX_CHANNELS,
@@ -157,15 +158,19 @@ static int paramSet(gcommParams_t* p, const gcommParamDef_t* d, const char* text
 /* Defaults, then the config's fields, then the environment (which wins). comm (for the
  * warnings) may be NULL. */
 void gcommParamsLoad(gcommParams_t* p, gcommComm_t comm, const gcommConfig_t* config) {
+  p->nChannelsChosen = p->buffSizeChosen = 0;
   for (int i = 0; i < NPARAMS; i++)
     if (paramTable[i].kind != PARAM_LOG) paramSet(p, &paramTable[i], paramTable[i].defaultValue);
   if (config != NULL) {
     if (config->proxyMode != GCOMM_CONFIG_UNDEF_INT) p->proxyMode = config->proxyMode;
     if (config->nChannels != GCOMM_CONFIG_UNDEF_INT) p->nChannels = config->nChannels;
+    p->nChannelsChosen = config->nChannels != GCOMM_CONFIG_UNDEF_INT;
   }
   for (int i = 0; i < NPARAMS; i++) {
     const char* env = getenv(paramTable[i].name);
     if (env == NULL || paramTable[i].kind == PARAM_LOG) continue;
+    if (paramTable[i].offset == PARAM_AT(nChannels)) p->nChannelsChosen = 1; /* even refused */
+    if (paramTable[i].offset == PARAM_AT(buffSize)) p->buffSizeChosen = 1;
     if (paramSet(p, &paramTable[i], env) != 0)
       GCOMM_WARN(comm, "%s=\"%s\" is not valid (%s); using %s", paramTable[i].name, env,
                  paramTable[i].doc, paramTable[i].defaultValue);

@@ -91,9 +91,6 @@ void gcommProfInit(gcommComm_t comm) {
   GCOMM_INFO(GCOMM_SUBSYS_INIT | GCOMM_SUBSYS_PROFILE, comm,
              "profiler plugin \"%s\" (%s) loaded, event mask 0x%x", api->name ? api->name : "?",
              name, comm->prof.mask);
-#ifdef GCOMM_GPU
-  if (comm->device >= 0) gcommDeviceProfSetup(comm); /* kernel timestamps; warns on failure */
-#endif
 }
 
 void gcommProfFinalize(gcommComm_t comm) {

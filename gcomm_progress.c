@@ -162,27 +162,33 @@ static void dumpState(gcommComm_t comm, const char* why) {
   }
 }
 
-/* One pass: every queue's head work runs its ready steps. Returns whether anything moved.
- * Only one thread at a time runs a pass (comm->progressLock). */
-int gcommProgressPass(gcommComm_t comm) {
+/* After an error or an abort: every operation finishes as failed, and each transport stops
+ * whatever waits on its proxy. Returns whether anything was still active. */
+static int stopPass(gcommComm_t comm) {
+  int moved = comm->nActiveWorks > 0 || __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE);
+  gcommDrainAll(comm);
+  for (int i = 0; i < comm->nTransports; i++)
+    if (comm->transports[i]->stop) comm->transports[i]->stop(comm);
+  return moved;
+}
+
+/* A work failed with res: the communicator stops, every queue's state is logged. */
+static void workFailed(gcommComm_t comm, gcommResult_t res) {
+  gcommSetAsyncError(comm, res);
+  dumpState(comm, gcommGetErrorString(res)); /* where every queue stood */
+  /* a mismatch: slots this rank filled before it saw it still go out (the network's posting
+   * sends them for small slots), so that a peer on another node waiting on them sees the
+   * mismatch in their tag instead of waiting for its deadline */
+  int posted = 0;
+  for (int i = 0; i < comm->nTransports && res == gcommInvalidUsage; i++)
+    if (comm->transports[i]->progress) (void)comm->transports[i]->progress(comm, &posted);
+  gcommDrainAll(comm);
+}
+
+/* Every queue's head work runs its ready steps; a finished work makes way for the next. Returns
+ * -1 when a work failed (the communicator has stopped), else whether anything moved. */
+static int runQueues(gcommComm_t comm) {
   int moved = 0;
-  comm->passes++;
-  if (comm->dumpSeen != (uint64_t)dumpRequests) {
-    comm->dumpSeen = (uint64_t)dumpRequests;
-    dumpState(comm, "GCOMM_PROXY_DUMP_SIGNAL");
-  }
-  if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) ||
-      __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess) {
-    if (comm->nActiveWorks > 0 || __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE)) moved = 1;
-    gcommDrainAll(comm);
-#ifdef GCOMM_GPU
-    /* the proxied FIFOs move no more: kernels waiting on them stop (the first error stands) */
-    if (hasGpuProxy(comm)) gcommDeviceAbort(comm);
-#endif
-    return moved;
-  }
-  if (comm->nActiveWorks == 0 || comm->passes % comm->params.appendFreq == 0)
-    fetchPosted(comm, comm->params.appendBatch);
   for (int q = 0; q < comm->nQueues && comm->nActiveWorks > 0; q++) {
     gcommWork_t* w;
     while ((w = comm->queues[q].head) != NULL) {
@@ -190,17 +196,8 @@ int gcommProgressPass(gcommComm_t comm) {
       if (w->step == 0 && !gcommWorkMayStart(comm, w)) break;
       int ran = gcommWorkAdvance(comm, w, &res);
       if (ran < 0) {
-        gcommSetAsyncError(comm, res);
-        dumpState(comm, gcommGetErrorString(res)); /* where every queue stood */
-#ifdef GCOMM_OFI
-        /* a mismatch: slots this rank filled before it saw it still go out (posting sends them
-         * for small slots), so that a peer on another node waiting on them sees the mismatch in
-         * their tag instead of waiting for its deadline */
-        int posted = 0;
-        if (res == gcommInvalidUsage) (void)gcommNetProgress(comm, &posted);
-#endif
-        gcommDrainAll(comm);
-        return 1;
+        workFailed(comm, res);
+        return -1;
       }
       moved |= ran > 0;
       if (w->step < w->nSteps) break;
@@ -210,65 +207,71 @@ int gcommProgressPass(gcommComm_t comm) {
       moved = 1;
     }
   }
-#ifdef GCOMM_OFI
-  /* the network proxy: slots just filled go out, arrived ones are handed to the executor */
-  gcommResult_t netRes = gcommNetProgress(comm, &moved);
-  if (netRes != gcommSuccess) {
-    gcommSetAsyncError(comm, netRes);
-    gcommDrainAll(comm);
-    return 1;
-  }
-#endif
-#ifdef GCOMM_GPU
-  /* the copy engines' proxy: staging slots the kernels filled go to the local peers' FIFOs */
-  if (copiesByEngine(comm)) {
-    gcommResult_t copyRes = gcommDeviceCopyProgress(comm, &moved);
-    if (copyRes != gcommSuccess) {
-      gcommSetAsyncError(comm, copyRes); /* the next pass aborts the kernels */
-      return 1;
-    }
-  }
-#endif
   return moved;
 }
 
-/* Slots handed to the network and not yet sent (withCredits: or credits owed to peers): the
- * engine keeps running for them after every operation has finished. gcommWait waits for the
- * slots, which may read the caller's memory, but not for the credits: they only tell a peer
- * about receives posted ahead for later operations, and a peer that has destroyed its
- * communicator never takes them (a wait for one hung). */
-static int gcommNetPending(gcommComm_t comm, int withCredits) {
-#ifdef GCOMM_OFI
-  return gcommNetSendsPending(comm, withCredits);
-#else
-  (void)comm;
-  (void)withCredits;
-  return 0;
-#endif
+/* One pass: every queue's head work runs its ready steps, then every transport's proxy (the
+ * network's: slots just filled go out, arrived ones are handed to the executor; the copy
+ * engines': staging slots the kernels filled go to the local peers' FIFOs). Returns whether
+ * anything moved. Only one thread at a time runs a pass (comm->progressLock). */
+int gcommProgressPass(gcommComm_t comm) {
+  comm->passes++;
+  if (comm->dumpSeen != (uint64_t)dumpRequests) {
+    comm->dumpSeen = (uint64_t)dumpRequests;
+    dumpState(comm, "GCOMM_PROXY_DUMP_SIGNAL");
+  }
+  if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess)
+    return stopPass(comm);
+  if (comm->nActiveWorks == 0 || comm->passes % comm->params.appendFreq == 0)
+    fetchPosted(comm, comm->params.appendBatch);
+  int moved = runQueues(comm);
+  if (moved < 0) return 1;
+  for (int i = 0; i < comm->nTransports; i++) {
+    const gcommTransport_t* t = comm->transports[i];
+    gcommResult_t res = t->progress ? t->progress(comm, &moved) : gcommSuccess;
+    if (res != gcommSuccess) {
+      gcommSetAsyncError(comm, res); /* the next pass stops the rest (stopPass) */
+      gcommDrainAll(comm);
+      return 1;
+    }
+  }
+  return moved;
 }
 
-/* Whether the network or a GPU proxy may be moving data for this communicator (works active,
- * slots and credits not yet sent, or a GPU communicator's kernels waiting on proxied FIFOs). Most
- * providers (tcp) progress only when polled, and a kernel waits on the copy engines' proxy: the
- * engine yields the core then, but never naps. Run under progressLock. */
-static int gcommProxyMustPoll(gcommComm_t comm) {
-#ifdef GCOMM_GPU
-  if (hasGpuProxy(comm) && gcommDeviceKernelsWaiting(comm)) return 1;
-#endif
-#ifdef GCOMM_OFI
-  return comm->net != NULL && (comm->nActiveWorks > 0 || gcommNetSendsPending(comm, 0));
-#else
-  (void)comm;
-  return 0;
-#endif
+/* Data of finished operations still in a transport (withCredits: or what it owes peers besides
+ * data): the engine keeps running for them after every operation has finished. gcommWait waits
+ * for the data, which may read the caller's memory, but not for the credits: they only tell a
+ * peer about receives posted ahead for later operations, and a peer that has destroyed its
+ * communicator never takes them (a wait for one hung). */
+static int transportsPending(gcommComm_t comm, int withCredits) {
+  int pending = 0;
+  for (int i = 0; i < comm->nTransports && !pending; i++)
+    if (comm->transports[i]->pending) pending = comm->transports[i]->pending(comm, withCredits);
+  return pending;
+}
+
+/* Whether a transport may be moving data for this communicator only while polled (works
+ * active on a provider that progresses when polled, or a GPU communicator's kernels waiting on
+ * proxied FIFOs): the engine yields the core then, but never naps. Every transport is asked (a
+ * GPU's answer notes when its kernels last waited). Run under progressLock. */
+static int transportsMustPoll(gcommComm_t comm) {
+  int poll = 0;
+  for (int i = 0; i < comm->nTransports; i++)
+    if (comm->transports[i]->mustPoll) poll |= comm->transports[i]->mustPoll(comm);
+  return poll;
+}
+
+/* The host's waits: a few microseconds of spinning, naps of at most 1 ms (when mayNap). */
+static uint64_t hostBackoff(uint64_t* idleSince, int mayNap) {
+  return gcommBackoff(idleSince, 5, mayNap ? 1000 : 0);
 }
 
 static void* progressThread(void* arg) {
   gcommComm_t comm = (gcommComm_t)arg;
   uint64_t idleSince = 0;
-#ifdef GCOMM_GPU
-  gcommDeviceBindThread(comm); /* the provider's copies of GPU memory (FI_HMEM) run here */
-#endif
+  for (int i = 0; i < comm->nTransports; i++)
+    if (comm->transports[i]->threadStart) comm->transports[i]->threadStart(comm);
   pthread_mutex_lock(&comm->progressLock);
   while (!__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
     if (__atomic_load_n(&comm->drivers, __ATOMIC_ACQUIRE) > 0) {
@@ -294,9 +297,9 @@ static void* progressThread(void* arg) {
       idleSince = 0;
       continue;
     }
-    int mayNap = !gcommProxyMustPoll(comm);
+    int mayNap = !transportsMustPoll(comm);
     int nothingLeft =
-        mayNap && comm->nActiveWorks == 0 && !gcommNetPending(comm, 1); /* under lock */
+        mayNap && comm->nActiveWorks == 0 && !transportsPending(comm, 1); /* under lock */
     pthread_mutex_unlock(&comm->progressLock);
     /* waiting on peers: back off. Nothing at all to do for a while: sleep until a post (a GPU
      * communicator's launch signals too, and kernels may start later, as graphs do: a GPU
@@ -304,7 +307,7 @@ static void* progressThread(void* arg) {
      * waiting threads drive (host communicators), this thread matters only for
      * work nobody waits on, which a post wakes it for: it sleeps as soon as nothing is left
      * instead of yielding for 1 ms, which took the core from whatever the caller did next. */
-    int idleUs = (int)gcommBackoff(&idleSince, mayNap);
+    int idleUs = (int)hostBackoff(&idleSince, mayNap);
     if ((idleUs > 1000 || waitersDrive(comm)) && nothingLeft) {
       int timedOut = 0;
       pthread_mutex_lock(&comm->postLock);
@@ -396,7 +399,7 @@ void gcommInstallDumpSignal(gcommComm_t comm) {
 }
 
 int gcommAllDone(gcommComm_t comm, uint64_t target) {
-  return __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE) >= target && !gcommNetPending(comm, 0);
+  return __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE) >= target && !transportsPending(comm, 0);
 }
 
 /* The result of finished work: the communicator's error if it stopped, else success. */
@@ -422,13 +425,13 @@ static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int d
           (long long)comm->params.timeoutMs);
     if (poll || (drive && pthread_mutex_trylock(&comm->progressLock) == 0)) {
       if (poll) pthread_mutex_lock(&comm->progressLock);
-      int moved = gcommProgressPass(comm), mayNap = !gcommProxyMustPoll(comm);
+      int moved = gcommProgressPass(comm), mayNap = !transportsMustPoll(comm);
       pthread_mutex_unlock(&comm->progressLock);
       if (moved)
         idleSince = 0;
       else
-        gcommBackoff(&idleSince, mayNap);
-    } else if (gcommBackoff(&idleSince, 1) > 1000) {
+        hostBackoff(&idleSince, mayNap);
+    } else if (hostBackoff(&idleSince, 1) > 1000) {
       /* long waits sleep until the engine finishes something (or 1 ms, to see aborts) */
       struct timespec ts = gcommDeadlineIn(1000000);
       pthread_mutex_lock(&comm->doneLock);

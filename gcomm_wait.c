@@ -19,22 +19,18 @@ uint64_t gcommNowNs(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Waiting politely: spin a few microseconds, then yield the core, then (when mayNap) sleep for a
- * fraction of the time already waited (at most 1 ms, so that an abort or a deadline is seen
- * quickly). Many ranks share few cores in tests. *idleSince is 0 while things move. Returns
- * microseconds idle. */
-uint64_t gcommBackoff(uint64_t* idleSince, int mayNap) {
+uint64_t gcommBackoff(uint64_t* idleSince, uint64_t spinUs, uint64_t maxNapUs) {
   uint64_t now = gcommNowNs();
   if (*idleSince == 0) *idleSince = now;
   uint64_t us = (now - *idleSince) / 1000;
-  if (us < 5) {
+  if (us < spinUs) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
-  } else if (us < 2000 || !mayNap) {
+  } else if (us < 2000 || maxNapUs == 0) {
     sched_yield();
   } else {
-    struct timespec ts = {0, (long)(us / 16 < 1000 ? us / 16 : 1000) * 1000};
+    struct timespec ts = {0, (long)(us / 16 < maxNapUs ? us / 16 : maxNapUs) * 1000};
     nanosleep(&ts, NULL);
   }
   return us;
