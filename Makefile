@@ -29,8 +29,14 @@ CFLAGS  += -fsanitize=thread -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=thread
 endif
 
-LIB_SRC  = gcomm.c gcomm_vcoll.c transports/shm.c
-LIB_HDR  = gcomm.h gcomm_profiler.h gcomm_internal.h gcomm_sched.h gcomm_reduce.h gcomm_device.h gcomm_gpu.h
+# the core (gcomm.c: the API; gcomm_*.c: one concern each, docs/ARCHITECTURE.md) and the transports
+CORE_SRC = gcomm_params.c gcomm_wait.c gcomm_host_reduce.c gcomm_order.c gcomm_net_direct.c \
+           gcomm_executor.c gcomm_progress.c gcomm_profiler.c gcomm_tuning.c gcomm_args.c \
+           gcomm_enqueue.c gcomm_bootstrap.c gcomm_vcoll.c
+LIB_SRC  = gcomm.c $(CORE_SRC) transports/shm.c
+# the GPU engine (CUDA=1 or HIP=1) and the IPC transport between a node's GPUs
+GPU_SRC  = gcomm_gpu_engine.c gcomm_gpu_copy.c gcomm_gpu_prof.c gcomm_gpu_net.c transports/p2p.c
+LIB_HDR  = gcomm.h gcomm_profiler.h gcomm_internal.h gcomm_core.h gcomm_gpu_engine.h gcomm_sched.h gcomm_reduce.h gcomm_device.h gcomm_gpu.h
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 
 ifeq ($(CUDA),1)
@@ -41,7 +47,7 @@ NVCCFLAGS += -O3 -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Werror all-w
              $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -I.
 CFLAGS    += -DGCOMM_CUDA -I$(CUDA_HOME)/include
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
-LIB_SRC   += transports/p2p.c
+LIB_SRC   += $(GPU_SRC)
 LIB_OBJ   += $(BUILD)/obj/gcomm_kernels.o
 endif
 ifeq ($(HIP),1)
@@ -59,7 +65,7 @@ endif
 HIPFLAGS  += -O3 -std=c++17 -fPIC -Wall -Wextra -Werror $(foreach a,$(HIP_ARCH),--offload-arch=$(a)) -I.
 CFLAGS    += -DGCOMM_HIP -D__HIP_PLATFORM_AMD__
 LDLIBS    += -lamdhip64
-LIB_SRC   += transports/p2p.c
+LIB_SRC   += $(GPU_SRC)
 LIB_OBJ   += $(BUILD)/obj/gcomm_kernels_hip.o
 endif
 ifeq ($(OFI),1)
@@ -175,11 +181,13 @@ test-fault: all
 # libFuzzer (clang) over argument checks and GCOMM_* parsing: FUZZ_SECONDS of inputs, no finding
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
-$(BUILD)/fuzz/fuzz_gcomm: test/fuzz/fuzz_gcomm.c gcomm.c transports/shm.c $(LIB_HDR)
+# (it includes gcomm_params.c for the static parsers and compiles the rest of the host library)
+FUZZ_LIB_SRC = $(filter-out gcomm_params.c,$(LIB_SRC))
+$(BUILD)/fuzz/fuzz_gcomm: test/fuzz/fuzz_gcomm.c gcomm_params.c $(FUZZ_LIB_SRC) $(LIB_HDR)
 	@mkdir -p $(dir $@)
 	MPICH_CC=$(FUZZ_CC) OMPI_CC=$(FUZZ_CC) $(MPICC) -std=gnu11 -O1 -g -Wall -Wextra -Werror \
 	  -pthread -I. $(MPI_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  -o $@ test/fuzz/fuzz_gcomm.c transports/shm.c -lrt -ldl -lm $(MPI_LIBS)
+	  -o $@ test/fuzz/fuzz_gcomm.c $(FUZZ_LIB_SRC) -lrt -ldl -lm $(MPI_LIBS)
 fuzz: $(BUILD)/fuzz/fuzz_gcomm
 	bash test/fuzz/run.sh $< $(FUZZ_SECONDS)
 

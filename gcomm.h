@@ -110,8 +110,9 @@ typedef struct {
 /* ---- Library ---- */
 gcommResult_t gcommGetVersion(int* version);
 const char* gcommGetErrorString(gcommResult_t result);
-/* The last error message of this thread for comm (or for no communicator when comm is NULL):
- * what failed, where, and which peer. Never NULL. */
+/* The last error message of comm (each communicator keeps its own), or, when comm is NULL or not
+ * a live communicator, the last error of this thread: what failed, where, and which peer. Never
+ * NULL. */
 const char* gcommGetLastError(gcommComm_t comm);
 
 /* ---- Threads ----

@@ -1,5 +1,5 @@
 /*
- * gcomm_device.h - the GPU engine's internal interface (GPU builds only, CUDA or HIP: gcomm.c
+ * gcomm_device.h - the GPU engine's internal interface (GPU builds only, CUDA or HIP: the core
  * includes it under #ifdef GCOMM_GPU; gcomm_gpu.h maps the cuda* names below to hip* for HIP).
  * transports/p2p.c owns the connection FIFOs in GPU memory, shared with the other local ranks
  * through CUDA IPC (or staged in pinned shared host memory); gcomm_kernels.cu runs the schedules of
@@ -133,7 +133,7 @@ int gcommKernelTimerPing(volatile uint64_t* flags, void* stream);
 }
 #endif
 
-/* transports/p2p.c (C only: it needs the communicator) */
+/* gcomm_gpu_engine.c and transports/p2p.c (C only: they need the communicator) */
 #if !defined(__CUDACC__) && !defined(__HIPCC__)
 #include "gcomm_internal.h"
 /* Picks the device (config->device, or the current device when undefined and a GPU exists);
@@ -190,7 +190,7 @@ gcommResult_t gcommDeviceQuiesce(gcommComm_t comm);
 void gcommDeviceFree(gcommComm_t comm);
 /* checkArgs: a pointer the GPU cannot use (plain pageable host memory). */
 int gcommDeviceBadPointer(gcommComm_t comm, const void* ptr);
-/* Profiler (p2p.c's profiler section): kernel timestamps for KernelCh events, the GPU clock's
+/* Profiler (gcomm_gpu_prof.c): kernel timestamps for KernelCh events, the GPU clock's
  * offset to the host's; warns and leaves them off on failure. */
 void gcommDeviceProfSetup(gcommComm_t comm);
 #endif

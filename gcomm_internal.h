@@ -1,6 +1,7 @@
 /*
- * gcomm_internal.h - what gcomm.c and the transports share: the communicator, connections,
- * operations, parameters, logging and the error idiom. Not installed; users include gcomm.h.
+ * gcomm_internal.h - what the core (gcomm.c, gcomm_*.c) and the transports share: the
+ * communicator, connections, operations, parameters, logging and the error idiom, and the
+ * transport interface (gcommTransport_t). Not installed; users include gcomm.h.
  */
 #ifndef GCOMM_INTERNAL_H
 #define GCOMM_INTERNAL_H
@@ -54,14 +55,17 @@ gcommResult_t gcommSetError(gcommComm_t comm, gcommResult_t res, int peer, const
   } while (0)
 
 uint64_t gcommNowNs(void);
+/* The one back-off of every wait (gcomm_wait.c): spin spinUs microseconds, then yield the core,
+ * then (maxNapUs > 0) sleep for a fraction of the time already waited, at most maxNapUs, so that
+ * an abort or a deadline is seen quickly. Many ranks share few cores in tests. *idleSince is 0
+ * while things move. Returns microseconds idle. */
+uint64_t gcommBackoff(uint64_t* idleSince, uint64_t spinUs, uint64_t maxNapUs);
 /* Whether process pid (of this machine) is gone or a zombie. */
 int gcommProcessIsDead(pid_t pid);
 /* "AllReduce", "Broadcast", ... for logs and errors. */
 const char* gcommFuncName(int func);
-/* A rank's index among the ranks of its node (cards must be filled). */
-int gcommLocalIndex(gcommComm_t comm, int rank);
 
-/* ---- Parameters: one table in gcomm.c, read at communicator init ---- */
+/* ---- Parameters: one table in gcomm_params.c, read at communicator init ---- */
 typedef struct {
   int algo;              /* GCOMM_ALGO: -1 = cost model, else gcommAlgo_t */
   int proto;             /* GCOMM_PROTO: -1 = cost model, else gcommProto_t (GPU only) */
@@ -89,9 +93,13 @@ typedef struct {
 #endif
   /* GCOMM_PROFILER_PLUGIN, or NULL */
   const char* profilerPlugin;
+  /* whether the environment set GCOMM_NCHANNELS (or config.nChannels) and GCOMM_BUFFSIZE:
+   * defaults that depend on the communicator's shape then stay out of the way */
+  int nChannelsChosen, buffSizeChosen;
 } gcommParams_t;
 /* The parameters a communicator made now without a config would have (defaults, then the
- * environment): for waits that come before any communicator exists (the NCCL layer's rendezvous). */
+ * environment): for waits that come before any communicator exists (the NCCL layer's rendezvous).
+ */
 void gcommParamsRead(gcommParams_t* params);
 
 /* The params table as gcomm_info (tools/gcomm_info.c) reads it: entry i, 0 (-1 past the end);
@@ -103,7 +111,7 @@ typedef struct {
 int gcommParamInfo(int i, gcommParamInfo_t* info);
 int gcommParamParse(int i, const char* text, char* out, size_t len);
 
-#define GCOMM_NET_GDR_OFF 0 /* the indices of GCOMM_NET_GDR's choices in gcomm.c */
+#define GCOMM_NET_GDR_OFF 0 /* the indices of GCOMM_NET_GDR's choices in gcomm_params.c */
 #define GCOMM_NET_GDR_ON 1
 #define GCOMM_NET_GDR_AUTO 2
 
@@ -118,6 +126,13 @@ typedef struct {
   volatile uint64_t bytes[GCOMM_STEPS]; /* each slot's word: payload bytes (low 32 bits) and,
                                            between ranks of a node, the sender's call tag */
 } gcommFifo_t;
+
+/* The bytes of one FIFO in host memory: its counters, then its GCOMM_STEPS slots, page-rounded
+ * (shm segments, the network's FIFOs, a GPU's network FIFOs staged in pinned memory). */
+static inline size_t gcommFifoBytes(size_t slotBytes) {
+  size_t b = sizeof(gcommFifo_t) + GCOMM_STEPS * slotBytes;
+  return (b + 4095) & ~(size_t)4095;
+}
 
 /* What differs between the word a peer wrote (got) and the one expected, as text for an error. */
 void gcommDescribeMismatch(char* buf, size_t len, uint64_t got, uint64_t expected);
@@ -225,7 +240,7 @@ gcommResult_t gcommEnqueueCheck(gcommComm_t comm, gcommStream_t stream, const ch
 gcommResult_t gcommEnqueueParts(gcommComm_t comm, gcommOp_t* parts, int n, int func,
                                 uint64_t countsHash, gcommStream_t stream, const char* where);
 
-/* ---- Profiler (gcomm_profiler.h; the plugin section of gcomm.c) ---- */
+/* ---- Profiler (gcomm_profiler.h; gcomm_profiler.c) ---- */
 typedef struct {
   int mask;  /* the plugin's activation mask (it may change it): 0 without a plugin */
   void* lib; /* dlopen handle */
@@ -248,13 +263,53 @@ void gcommProfWorkStepEnd(gcommComm_t comm, gcommWork_t* w, int workOver);
 void* gcommProfCtrlStart(gcommComm_t comm, gcommProfilerEventState_v1_t state);
 void gcommProfCtrlStop(gcommComm_t comm, void* handle, gcommProfilerEventState_v1_t state,
                        int appended);
-/* A GPU communicator's kernel-channel event (transports/p2p.c, once its launch has completed). */
+/* A GPU communicator's kernel-channel event (gcomm_gpu_prof.c, once its launch has completed). */
 void gcommProfKernelCh(gcommComm_t comm, void* parent, int channel, uint64_t startNs,
                        uint64_t stopNs);
 /* One network message: started when posted, stopped (gcommProfStop) when complete. */
 void* gcommProfNetStart(gcommComm_t comm, int peer, int channel, uint64_t step, size_t bytes,
                         int isSend);
 void gcommProfStop(gcommComm_t comm, void* handle);
+
+/* ---- Transports ----
+ * What the core asks of a transport (shm, the network, the GPU's FIFOs), each filling one
+ * gcommTransport_t; the core keeps the build's transports in comm->transports and loops over
+ * them: it never names one in its progress, completion or teardown. Every hook may be NULL (the
+ * transport has nothing to do there) and copes with a transport this communicator does not use
+ * (no peer on another node, a host communicator): it then does nothing. */
+typedef struct {
+  const char* name;
+  /* Collective: connects its connections once every rank's card is known; connectWhat names the
+   * step in the error every rank gets when one rank fails it. connected runs after every rank has
+   * succeeded (the shm segments' names go away). */
+  gcommResult_t (*connect)(gcommComm_t comm);
+  const char* connectWhat;
+  void (*connected)(gcommComm_t comm);
+  /* The proxy's share of a progress pass: moves what it can, sets *moved when anything moved. */
+  gcommResult_t (*progress)(gcommComm_t comm, int* moved);
+  /* Whether data it holds for finished operations is still in flight (withCredits: or what it owes
+   * peers besides data): the engine keeps running for it. */
+  int (*pending)(gcommComm_t comm, int withCredits);
+  /* Whether the engine must keep polling rather than nap: a provider that moves only when polled,
+   * or GPU kernels waiting on FIFOs the proxy moves. */
+  int (*mustPoll)(gcommComm_t comm);
+  /* The communicator stopped (an error, an abort): whatever waits on its proxy stops waiting. */
+  void (*stop)(gcommComm_t comm);
+  /* The progress thread starts: what its calls need (the GPU's device current there). */
+  void (*threadStart)(gcommComm_t comm);
+  /* Teardown, in two rounds over every transport: close (in order: after it, nothing lands in
+   * memory another transport owns), then free (in reverse order). */
+  void (*close)(gcommComm_t comm);
+  void (*free)(gcommComm_t comm);
+} gcommTransport_t;
+#define GCOMM_MAX_TRANSPORTS 4
+extern const gcommTransport_t gcommShmTransport; /* transports/shm.c */
+#ifdef GCOMM_OFI
+extern const gcommTransport_t gcommNetTransport; /* transports/net_ofi.c */
+#endif
+#ifdef GCOMM_GPU
+extern const gcommTransport_t gcommGpuTransport; /* gcomm_gpu_engine.c over transports/p2p.c */
+#endif
 
 struct gcommComm {
   MPI_Comm mpiComm;
@@ -284,7 +339,17 @@ struct gcommComm {
 #ifdef GCOMM_OFI
   struct gcommNet* net; /* transports/net_ofi.c; NULL when every rank is on one node */
 #endif
-  struct gcommDev* dev; /* GPU communicators: transports/p2p.c */
+  struct gcommDev* dev; /* GPU communicators: gcomm_gpu_engine.c */
+  const gcommTransport_t* transports[GCOMM_MAX_TRANSPORTS]; /* the build's, in setup order */
+  int nTransports;
+#ifdef GCOMM_OFI
+  /* What the network transport asks of the rest, set at setup (the network calls no other file):
+   * where the receive of step s of a receive FIFO may land (gcommNetDirectTarget), and, on a GPU
+   * communicator, a wait for the copies of GPU memory the provider issued from this thread. */
+  char* (*netDirectTarget)(gcommComm_t comm, gcommConn_t* c, uint64_t s, size_t* bytes,
+                           uint64_t* queuedUntil);
+  gcommResult_t (*netFence)(gcommComm_t comm);
+#endif
 
   /* progress engine */
   pthread_mutex_t postLock;
@@ -392,21 +457,18 @@ gcommResult_t gcommNetRegister(gcommComm_t comm, void* buf, size_t len, int devi
 /* A GPU communicator's choice for its network FIFO slots: 1 when the endpoint takes GPU memory
  * (the provider offers FI_HMEM and GCOMM_NET_GDR allows it), else 0 with *why saying so. */
 int gcommNetDeviceMemory(gcommComm_t comm, const char** why);
-/* transports/p2p.c: waits for the copies of GPU memory that the provider issued from this thread
- * on the legacy default stream (gcommNetProgress, before a tail advances over their data). */
-gcommResult_t gcommDeviceNetFence(gcommComm_t comm);
 #endif
 /* The proxy's network half, run by progressPass only: posts sends of filled slots the receiver
  * has receives for, receives into free slots and the credits that announce them, reads the
  * completion queue, advances head (sends) and tail (receives). Sets *moved when anything
  * happened. An error completion names the peer. */
 gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved);
-/* gcomm.c, for the receive of step s of the network receive FIFO c (c->landed set) as it is
- * posted: the caller's memory that step's message may land in directly, or NULL (the slot). Its
- * byte count goes to *bytes. Only a step of a queued collective that copies the message to its
- * output, with nothing else using that memory by the time the message can come; the executor then
- * copies nothing. *queuedUntil: UINT64_MAX, or when no queued operation takes step s and
- * c->holdRecvs is set, the FIFO step after those they take. */
+/* gcomm_net_direct.c (the core's comm->netDirectTarget), for the receive of step s of the network
+ * receive FIFO c (c->landed set) as it is posted: the caller's memory that step's message may land
+ * in directly, or NULL (the slot). Its byte count goes to *bytes. Only a step of a queued
+ * collective that copies the message to its output, with nothing else using that memory by the time
+ * the message can come; the executor then copies nothing. *queuedUntil: UINT64_MAX, or when no
+ * queued operation takes step s and c->holdRecvs is set, the FIFO step after those they take. */
 char* gcommNetDirectTarget(gcommComm_t comm, gcommConn_t* c, uint64_t s, size_t* bytes,
                            uint64_t* queuedUntil);
 /* Whether filled slots are not all sent, or (withCredits) credits owed to peers not all told (0
@@ -423,9 +485,16 @@ typedef struct {
 int gcommNetCandidates(const gcommParams_t* params, gcommNetCandidate_t* out, int max, int* chosen,
                        const char** err);
 const char* gcommNetRankWhy(int rank);
-/* The failure of conn's network connection (a receive or credit that failed: the peer reset it),
- * or NULL. */
+/* Closes the endpoints (which cancels the receives still posted, some into a GPU communicator's
+ * pinned FIFOs) and frees everything gcommNetSetup made. */
 void gcommNetFree(gcommComm_t comm);
 #endif
+
+/* A rank's index among the ranks of its node (cards must be filled). */
+static inline int gcommLocalIndex(gcommComm_t comm, int rank) {
+  int idx = 0;
+  for (int q = 0; q < rank; q++) idx += comm->cards[q].hostId == comm->cards[rank].hostId;
+  return idx;
+}
 
 #endif /* GCOMM_INTERNAL_H */

@@ -10,7 +10,7 @@
  * Receiver: a fi_trecv is kept posted into every free slot, steps head .. head+STEPS-1, except
  * that after operations of large messages a host communicator's collective lanes post no further
  * than one step past the operations queued there (gcommConn_t.holdRecvs): a step whose operation
- * is known may be received straight into the caller's output (gcommNetDirectTarget), and the one
+ * is known may be received straight into the caller's output (comm->netDirectTarget), and the one
  * step past them lets the peer start its next operation. It tells the sender how far it has posted:
  * a credit, the count in an 8-byte fi_tinject (no completion, no buffer to keep; a provider that
  * injects nothing, shm with FI_HMEM, gets an fi_tsend, one in flight per connection), sent once the
@@ -53,7 +53,7 @@
  * then loads that bypass L1), so the data must be in the GPU's memory by then. A provider that
  * copies with CUDA (shm: cudaMemcpy, through a CUDA IPC mapping of the sender's slot) may complete
  * a receive before its copy between GPU buffers is done (such a cudaMemcpy does not wait), so
- * gcommNetProgress waits for this thread's legacy-stream copies (gcommDeviceNetFence) before it
+ * gcommNetProgress waits for this thread's legacy-stream copies (comm->netFence) before it
  * advances a tail; and as the receiver's copy may still read the sender's slot when the send
  * completes (shm returns the command once the copy is issued), the sender frees a slot only once
  * the receiver's credit shows it drained that step (sendHead). An RDMA NIC writing the GPU's memory
@@ -517,11 +517,6 @@ gcommResult_t gcommNetRegister(gcommComm_t comm, void* buf, size_t len, int devi
   return res;
 }
 
-static size_t netFifoBytes(gcommComm_t comm) {
-  size_t b = sizeof(gcommFifo_t) + GCOMM_STEPS * comm->slotBytes;
-  return (b + 4095) & ~(size_t)4095;
-}
-
 static gcommResult_t postFailed(gcommComm_t comm, netConn_t* nc, const char* what, uint64_t step,
                                 ssize_t rc) {
   return GCOMM_ERROR(comm, gcommSystemError, nc->peer, "%s to/from rank %d lane %d step %llu: %s",
@@ -608,7 +603,7 @@ static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t*
     size_t len = nc->conn->slotBytes;
     uint64_t queuedUntil = UINT64_MAX;
     char* to =
-        nc->conn->landed ? gcommNetDirectTarget(comm, nc->conn, s, &len, &queuedUntil) : NULL;
+        nc->conn->landed ? comm->netDirectTarget(comm, nc->conn, s, &len, &queuedUntil) : NULL;
     /* no queued operation takes step s: its receive waits for the one that does, which may take
      * it directly, except the first such step, so that the peer's next operation can start */
     if (s > queuedUntil) break;
@@ -710,7 +705,7 @@ gcommResult_t gcommNetConnect(gcommComm_t comm, gcommConn_t* conn, int peer, int
 /* The host communicator's FIFOs for every remote peer and lane, [peer][lane][send, recv]: in one
  * registered region (GCOMM_NET_SHARED_BUFFERS=1), or one mapping and registration each. */
 static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, int nRemote) {
-  size_t fb = netFifoBytes(comm);
+  size_t fb = gcommFifoBytes(comm->slotBytes);
   int shared = comm->params.netSharedBuffers != 0;
   if (shared) {
     net->regionBytes = fb * (size_t)nRemote * comm->nLanes * 2;
@@ -771,7 +766,7 @@ static gcommResult_t connectHostFifos(gcommComm_t comm, struct gcommNet* net, in
  * mapping of this slot): the send completes once the receiver has issued its copy, which may
  * still be reading. There the slot of step s is free once the receiver has posted a receive for
  * step s + STEPS (its credit passed it): it drained step s first, after its fence
- * (gcommDeviceNetFence) saw the copy done. */
+ * (comm->netFence) saw the copy done. */
 static void sendHead(struct gcommNet* net, netConn_t* nc) {
   uint64_t head = nc->done;
   if (net->hmemCopies && nc->credit < head + GCOMM_STEPS) head = nc->credit - GCOMM_STEPS;
@@ -827,7 +822,7 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
       int peer = req ? req->nc->peer : -1;
       char buf[256];
       const char* what = fi_cq_strerror(net->cq, e.prov_errno, e.err_data, buf, sizeof(buf));
-      /* a receive into the caller's memory (gcommNetDirectTarget) takes the expected size only */
+      /* a receive into the caller's memory (comm->netDirectTarget) takes the expected size only */
       if (e.err == FI_ETRUNC && req && !req->isCredit && !req->nc->isSend)
         what =
             "the message is longer than this rank's call expects: the ranks made different "
@@ -857,7 +852,7 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
       netReq_t* req = (netReq_t*)ent[k].op_context;
       gpuRecv = !req->isCredit && !req->nc->isSend;
     }
-    if (gpuRecv) GCOMM_CHECK(gcommDeviceNetFence(comm));
+    if (gpuRecv) GCOMM_CHECK(comm->netFence(comm));
 #endif
     for (ssize_t k = 0; k < n; k++) {
       netReq_t* req = (netReq_t*)ent[k].op_context;
@@ -1001,3 +996,20 @@ void gcommNetFree(gcommComm_t comm) {
   free(net);
   comm->net = NULL;
 }
+
+/* Whether the engine must poll rather than nap: most providers (tcp) progress only when polled,
+ * while works are active or sends are not all out. */
+static int netMustPoll(gcommComm_t comm) {
+  return comm->net != NULL && (comm->nActiveWorks > 0 || gcommNetSendsPending(comm, 0));
+}
+
+const gcommTransport_t gcommNetTransport = {
+    .name = "network (libfabric)",
+    .connect = gcommNetSetup,
+    .connectWhat = "network setup",
+    .progress = gcommNetProgress,
+    .pending = gcommNetSendsPending,
+    .mustPoll = netMustPoll,
+    /* first: its receives may land in a GPU communicator's pinned FIFOs */
+    .close = gcommNetFree,
+};

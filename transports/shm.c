@@ -36,13 +36,8 @@ struct gcommShm {
 #define STATUS_BYTES 4096 /* the segment's last page: gcommStatus_t */
 _Static_assert(sizeof(gcommStatus_t) <= STATUS_BYTES, "gcommStatus_t fits its page");
 
-static size_t fifoBytes(size_t slotBytes) {
-  size_t b = sizeof(gcommFifo_t) + GCOMM_STEPS * slotBytes;
-  return (b + 4095) & ~(size_t)4095;
-}
-
 size_t gcommShmSegmentBytes(size_t slotBytes, int nLanes, int nLocal, size_t areaBytes) {
-  return fifoBytes(slotBytes) * nLanes * nLocal + ((areaBytes + 4095) & ~(size_t)4095) +
+  return gcommFifoBytes(slotBytes) * nLanes * nLocal + ((areaBytes + 4095) & ~(size_t)4095) +
          STATUS_BYTES;
 }
 
@@ -101,7 +96,7 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaByt
   comm->shm = shm;
   shm->maps = calloc(comm->nranks, sizeof(void*));
   if (shm->maps == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  shm->fifoBytes = fifoBytes(comm->slotBytes);
+  shm->fifoBytes = gcommFifoBytes(comm->slotBytes);
   shm->areaOff = shm->fifoBytes * comm->nLanes * comm->nLocal; /* page-aligned: so is fifoBytes */
   shm->areaBytes = (areaBytes + 4095) & ~(size_t)4095;
   shm->segBytes = gcommShmSegmentBytes(comm->slotBytes, comm->nLanes, comm->nLocal, areaBytes);
@@ -220,3 +215,13 @@ void gcommShmFree(gcommComm_t comm) {
   free(shm);
   comm->shm = NULL;
 }
+
+/* gcommShmCreate comes before the cards are exchanged (a card names the segment); the rest of
+ * the setup is this transport's connect. */
+const gcommTransport_t gcommShmTransport = {
+    .name = "shared memory",
+    .connect = gcommShmConnect,
+    .connectWhat = "shared-memory connection",
+    .connected = gcommShmUnlink, /* every rank has mapped every segment it needs */
+    .free = gcommShmFree,
+};

@@ -1,7 +1,7 @@
 /*
  * test/fuzz/fuzz_gcomm.c - libFuzzer target over gcomm's hostile-input surface (`make fuzz`).
  *
- * It includes gcomm.c to reach the static parsers. The first byte of an input picks:
+ * It includes gcomm_params.c to reach the static parsers, and links the rest of the library. The first byte of an input picks:
  *   0  the text (the rest of the input) as the value of every GCOMM_* variable of paramTable, and
  *      of the logging knobs (GCOMM_DEBUG, GCOMM_DEBUG_SUBSYS, GCOMM_DEBUG_FILE's expansion): a
  *      value accepted must be within the table's range, and gcommParamParse (gcomm_info's view)
@@ -14,7 +14,7 @@
  *      success (then one all-reduce works) or a clean error.
  * Any crash, sanitizer report, leak or violated expectation (abort()) is a finding.
  */
-#include "gcomm.c"
+#include "gcomm_params.c"
 
 static gcommComm_t fuzzComm;
 #define CAP 4096 /* bytes of each fuzz buffer */

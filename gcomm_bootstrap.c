@@ -1,0 +1,334 @@
+/*
+ * gcomm_bootstrap.c - a communicator's setup over MPI: parameters agreed, nodes found, GPU
+ * channels chosen, transports created and connected, every rank agreeing on each step's outcome.
+ */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gcomm_core.h"
+
+/* Every rank learns whether every rank succeeded, so that no rank waits in a later collective
+ * step for a rank that has given up; and the ranks that succeeded learn why one failed (its
+ * message: the cause, e.g. a full /dev/shm, at every rank). */
+static gcommResult_t agreeOnResult(gcommComm_t comm, gcommResult_t mine, const char* what) {
+  struct {
+    int code, rank;
+  } worst = {(int)mine, comm->rank};
+  MPI_CHECK(comm, MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_2INT, MPI_MAXLOC, comm->mpiComm));
+  if (worst.code == gcommSuccess) return gcommSuccess;
+  char why[512];
+  pthread_mutex_lock(&comm->errorLock);
+  snprintf(why, sizeof(why), "%.*s", (int)sizeof(why) - 1, comm->lastError);
+  pthread_mutex_unlock(&comm->errorLock);
+  MPI_CHECK(comm, MPI_Bcast(why, sizeof(why), MPI_CHAR, worst.rank, comm->mpiComm));
+  if (mine != gcommSuccess) return mine;
+  return GCOMM_ERROR(comm, gcommRemoteError, worst.rank, "rank %d failed during %s: %s", worst.rank,
+                     what, why);
+}
+
+/* Which ranks share a node: MPI_COMM_TYPE_SHARED, or GCOMM_HOSTID when set, so that one machine
+ * can pretend to be several nodes. The node's id is its first rank. */
+static gcommResult_t detectNode(gcommComm_t comm, uint64_t* hostId) {
+  MPI_Comm node;
+  int leader = comm->rank;
+  if (comm->params.hostId != NULL)
+    MPI_CHECK(comm, MPI_Comm_split(comm->mpiComm,
+                                   (int)(gcommHashString(comm->params.hostId) & 0x7fffffff),
+                                   comm->rank, &node));
+  else
+    MPI_CHECK(comm, MPI_Comm_split_type(comm->mpiComm, MPI_COMM_TYPE_SHARED, comm->rank,
+                                        MPI_INFO_NULL, &node));
+  MPI_CHECK(comm, MPI_Bcast(&leader, 1, MPI_INT, 0, node));
+  MPI_CHECK(comm, MPI_Comm_size(node, &comm->nLocal));
+  MPI_Comm_free(&node);
+  *hostId = (uint64_t)leader;
+  return gcommSuccess;
+}
+
+/* GPU communicators whose ranks span nodes: channels by default (GCOMM_NCHANNELS). Each lane
+ * to a remote rank pins a send and a receive FIFO of host memory: with 4 MB FIFOs, 4 collective
+ * and 4 point-to-point lanes, 64 MB per remote rank (32 channels would pin 512 MB). */
+#define GPU_NET_CHANNELS 4
+/* GCOMM_P2P_DISABLE: PCIe, not the blocks, sets the pace; GCOMM_P2P_USE_CUDA_MEMCPY: the copy
+ * engines and the proxy do (each lane to a local peer adds a staging FIFO in GPU memory: with 16
+ * channels, 16 point-to-point lanes and 4 MB FIFOs, 128 MB a peer) */
+#define GPU_STAGED_CHANNELS 16
+
+#ifdef GCOMM_GPU
+/* One rank's GPU, as gpuDefaultChannels gathers it: ranks sharing a GPU have the same node and
+ * PCI address. */
+typedef struct {
+  uint64_t node, pci;
+  int64_t sms; /* -1: a host communicator's rank */
+  int64_t mps; /* the rank reaches its GPU through MPS */
+} gpuOfRank_t;
+
+static int gpuOfRankCompare(const void* a, const void* b) {
+  const gpuOfRank_t *x = a, *y = b;
+  if (x->node != y->node) return x->node < y->node ? -1 : 1;
+  return x->pci < y->pci ? -1 : x->pci > y->pci;
+}
+
+/* Ranks that share a GPU without MPS time-slice it: a kernel waiting for a peer's kernel holds
+ * the GPU for its whole slice, and each operation takes milliseconds whatever its size. Said once
+ * per process (rank 0 of the first such communicator), with what to do about it; GCOMM_DEBUG=INFO
+ * shows every communicator's finding. */
+static void noteGpuSharing(gcommComm_t comm, int sharing, int sharingNoMps) {
+  static int warned;
+  if (comm->device < 0) return;
+  GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
+             "GPU sharing: up to %d ranks of this communicator on one GPU; this rank %s MPS%s",
+             sharing, comm->deviceMps ? "runs under" : "does not run under",
+             sharingNoMps ? ": ranks share a GPU without MPS (time-sliced)" : "");
+  if (sharingNoMps == 0 || comm->rank != 0 || __atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+    return;
+  GCOMM_WARN(comm,
+             "%d ranks share one GPU without MPS: their kernels time-slice the GPU and every "
+             "operation waits for a time slice (milliseconds at any size); start the MPS daemon "
+             "(nvidia-cuda-mps-control -d) before the ranks",
+             sharingNoMps);
+}
+
+/* Collective (every rank). The channel (block) count a GPU communicator uses by default. A block
+ * pushes ~11 GB/s over NVLink and blocks that reduce or copy locally leave the link idle
+ * meanwhile, so 128 of them fill it (docs/PERF.md: 2 and 4 GPUs). Blocks of ranks that share a
+ * GPU wait on each other, so all of them must be resident at once: the ranks on one GPU get one
+ * block a multiprocessor between them (comm->blockBudget). More than 4 ranks on a node: 64 at
+ * most (FIFO memory grows with ranks x lanes). Between nodes 4: each lane to a remote rank pins
+ * 2 FIFOs of host memory, and the network sets the pace;
+ * staged through host memory (GCOMM_P2P_DISABLE) 16: PCIe sets it; 16 with copy engines too. */
+static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* nChannels) {
+  gpuOfRank_t mine = {hostId, comm->devicePci, comm->device >= 0 ? comm->deviceSMs : -1,
+                      comm->device >= 0 && comm->deviceMps};
+  gpuOfRank_t* all = calloc(comm->nranks, sizeof(*all));
+  if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  int rc = MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all, sizeof(mine), MPI_BYTE, comm->mpiComm);
+  if (rc != MPI_SUCCESS) {
+    free(all);
+    MPI_CHECK(comm, rc);
+  }
+  qsort(all, comm->nranks, sizeof(*all), gpuOfRankCompare);
+  int64_t fewestSms = INT64_MAX;
+  int sharing = 1, sharingNoMps = 0; /* the most ranks on one GPU; without MPS */
+  for (int i = 0, run = 0, noMps = 0; i < comm->nranks; i++) {
+    if (all[i].sms < 0) continue;
+    if (all[i].sms < fewestSms) fewestSms = all[i].sms;
+    int same = i > 0 && all[i - 1].sms >= 0 && gpuOfRankCompare(&all[i], &all[i - 1]) == 0;
+    run = same ? run + 1 : 1;
+    noMps = (same ? noMps : 0) || !all[i].mps;
+    if (run > sharing) sharing = run;
+    if (run > 1 && noMps && run > sharingNoMps) sharingNoMps = run;
+  }
+  free(all);
+  noteGpuSharing(comm, sharing, sharingNoMps);
+  /* Ranks sharing a GPU: one block a multiprocessor for all of them together. The kernel fits 2
+   * an SM, but under MPS 8 ranks on one H100 with 32 channels each (256 blocks) stalled in 9 of
+   * 21 stress runs (some ranks' blocks did not start until the others timed out), and with 16 or
+   * 8 channels passed 15 of 15 (docs/PERF.md, ranks sharing a GPU). */
+  comm->blockBudget = sharing > 1 ? (int)(fewestSms / sharing) : GCOMM_DEV_MAX_WORKS;
+  if (comm->blockBudget < 1) comm->blockBudget = 1;
+  if (comm->blockBudget > GCOMM_DEV_MAX_WORKS) comm->blockBudget = GCOMM_DEV_MAX_WORKS;
+  int nch = comm->nLocal > 4 ? GCOMM_MAX_CHANNELS / 2 : GCOMM_MAX_CHANNELS;
+  while (nch > 1 && (nch > fewestSms || (sharing > 1 && nch > comm->blockBudget))) nch /= 2;
+  /* a small LL launch runs up to GCOMM_DEV_SMALL_WORKS blocks at 1 an SM (blocks of ranks sharing
+   * a GPU wait on each other: all must be resident); one waiting to start beside the one before
+   * it holds SMs too: every rank sharing a GPU must still fit both */
+  comm->smallKernel = (int64_t)sharing * GCOMM_DEV_SMALL_WORKS <= fewestSms;
+  comm->launchOverlap = comm->params.pdl && comm->deviceCcMajor >= 9 &&
+                        (int64_t)sharing * 2 * GCOMM_DEV_SMALL_WORKS <= fewestSms;
+  *nChannels = spansNodes(comm)                                    ? GPU_NET_CHANNELS
+               : comm->params.p2pDisable || comm->params.p2pMemcpy ? GPU_STAGED_CHANNELS
+                                                                   : nch;
+  return gcommSuccess;
+}
+#endif
+
+/* The build's transports, in setup order, before any of them makes anything: a failed setup
+ * frees whatever each made (commFree). The network asks the core where a receive may land. */
+static void addTransports(gcommComm_t comm) {
+  comm->transports[comm->nTransports++] = &gcommShmTransport;
+#ifdef GCOMM_OFI
+  comm->transports[comm->nTransports++] = &gcommNetTransport;
+  comm->netDirectTarget = gcommNetDirectTarget;
+#endif
+#ifdef GCOMM_GPU
+  comm->transports[comm->nTransports++] = &gcommGpuTransport;
+#endif
+}
+
+/* Rank, size, parameters (every rank the same), name, node. */
+static gcommResult_t setupIdentity(gcommComm_t comm, const gcommConfig_t* config,
+                                   uint64_t* hostId) {
+  static int commCounter;
+  MPI_CHECK(comm, MPI_Comm_rank(comm->mpiComm, &comm->rank));
+  MPI_CHECK(comm, MPI_Comm_size(comm->mpiComm, &comm->nranks));
+  gcommParamsLoad(&comm->params, comm, config);
+  gcommParamsPrint(comm);
+  GCOMM_CHECK(gcommParamsAgree(comm));
+  comm->device = GCOMM_DEVICE_HOST;
+  snprintf(comm->name, sizeof(comm->name), "%s",
+           config && config->commName ? config->commName : "");
+  if (comm->name[0] == 0)
+    snprintf(comm->name, sizeof(comm->name), "comm%d",
+             __atomic_fetch_add(&commCounter, 1, __ATOMIC_RELAXED));
+  return detectNode(comm, hostId);
+}
+
+/* The GPU (or none), the channels and the FIFO slots: defaults that depend on the communicator's
+ * shape, where the user did not choose (GCOMM_NCHANNELS, config.nChannels, GCOMM_BUFFSIZE). */
+static gcommResult_t setupShape(gcommComm_t comm, const gcommConfig_t* config, uint64_t hostId) {
+  (void)config, (void)hostId;
+#ifdef GCOMM_GPU
+  GCOMM_CHECK(agreeOnResult(comm, gcommDeviceSelect(comm, config), "GPU selection"));
+  int gpuChannels = 0;
+  GCOMM_CHECK(gpuDefaultChannels(comm, hostId, &gpuChannels)); /* every rank: an MPI call */
+  if (comm->device >= 0 && !comm->params.nChannelsChosen) comm->params.nChannels = gpuChannels;
+  if (comm->device >= 0 && !comm->params.buffSizeChosen) comm->params.buffSize = 4 << 20;
+#endif
+  /* host communicators between nodes: one channel. Every lane to a peer shares its one
+   * connection, and one thread moves them all; against 2 channels a 4 MB all-reduce over tcp took
+   * less CPU in 9 of 9 adjacent pairs of runs, 16 MB in 3 of 4 (docs/PERF.md). 512 KB slots, each
+   * one eager message (transports/net_ofi.c): over tcp each message costs the kernel and the
+   * provider a fixed amount besides its bytes; against 256 KB slots the all-reduce was ahead at
+   * 1-16 MB in 3 of 4 sets of alternating runs (34 pairs), 128 KB was worse everywhere, 768 KB
+   * and 1 MB no better. GPU communicators keep theirs (above). */
+  if (spansNodes(comm) && comm->device < 0) {
+    if (!comm->params.nChannelsChosen) comm->params.nChannels = 1;
+    if (!comm->params.buffSizeChosen) comm->params.buffSize = 4 << 20;
+  }
+  comm->nChannels = comm->params.nChannels;
+  /* lanes [0, nChannels) carry collectives, [nChannels, nChannels + nP2pChannels) point-to-point */
+  comm->nP2pChannels = comm->nChannels;
+#ifdef GCOMM_GPU
+  /* one launch holds GCOMM_DEV_MAX_WORKS works (blocks): keep a group that sends to and receives
+   * from every other rank once, each split over every p2p channel, inside one launch (a split
+   * launch may deadlock). This also bounds the GPU FIFO memory of the p2p lanes. */
+  if (comm->device >= 0) {
+    int cap = comm->blockBudget / 2 / (comm->nranks > 1 ? comm->nranks - 1 : 1);
+    if (cap < 1) cap = 1;
+    if (comm->nP2pChannels > cap) comm->nP2pChannels = cap;
+  }
+#endif
+  comm->nLanes = comm->nChannels + comm->nP2pChannels;
+  comm->slotBytes = ((size_t)comm->params.buffSize / GCOMM_STEPS) & ~(size_t)63;
+  return gcommSuccess;
+}
+
+/* This rank's card (its node, pid, GPU, shm segment, GPU region handle): the segment and the
+ * GPU's FIFO region made first, then every rank's card exchanged. */
+static gcommResult_t exchangeCards(gcommComm_t comm, uint64_t hostId) {
+  gcommCard_t card;
+  memset(&card, 0, sizeof(card));
+  card.hostId = hostId;
+  card.pid = getpid();
+  card.device = comm->device;
+  gethostname(card.host, sizeof(card.host) - 1);
+  size_t gpuShmBytes = 0; /* a GPU FIFO region staged through host memory, in the shm segment */
+#ifdef GCOMM_GPU
+  GCOMM_CHECK(
+      agreeOnResult(comm, gcommDevicePlaceFifos(comm, hostId, &gpuShmBytes), "GPU FIFO placement"));
+#endif
+  gcommResult_t res = gcommShmCreate(comm, &card, gpuShmBytes);
+#ifdef GCOMM_GPU
+  if (res == gcommSuccess && comm->device >= 0) res = gcommDeviceSetup(comm, &card);
+#endif
+  GCOMM_CHECK(agreeOnResult(comm, res, "shared-memory setup"));
+  comm->cards = calloc(comm->nranks, sizeof(gcommCard_t));
+  if (comm->cards == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  MPI_CHECK(comm, MPI_Allgather(&card, sizeof(card), MPI_BYTE, comm->cards, sizeof(card), MPI_BYTE,
+                                comm->mpiComm));
+  return gcommSuccess;
+}
+
+/* What shapes every FIFO must be the same on every rank: the lanes and slot size, the slot words
+ * (GCOMM_CHECK_MISMATCH) and, on GPUs, the copy engines (which rule out LL: both ends of a
+ * connection use one protocol). And a rank on another node needs the network. */
+static gcommResult_t checkShapeAgrees(gcommComm_t comm, uint64_t hostId) {
+  enum { CHANNELS, SLOT_BYTES, LANES, CHECK_MISMATCH, COPY_ENGINES, NFIELDS };
+  int shape[NFIELDS], lo[NFIELDS], hi[NFIELDS];
+  shape[CHANNELS] = comm->nChannels;
+  shape[SLOT_BYTES] = (int)comm->slotBytes;
+  shape[LANES] = comm->nLanes;
+  shape[CHECK_MISMATCH] = (int)comm->params.checkMismatch;
+  shape[COPY_ENGINES] = comm->device >= 0 && comm->params.p2pMemcpy;
+  MPI_CHECK(comm, MPI_Allreduce(shape, lo, NFIELDS, MPI_INT, MPI_MIN, comm->mpiComm));
+  MPI_CHECK(comm, MPI_Allreduce(shape, hi, NFIELDS, MPI_INT, MPI_MAX, comm->mpiComm));
+  if (memcmp(lo, hi, sizeof(lo)) != 0)
+    return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
+                       "ranks disagree on GCOMM_NCHANNELS (%d..%d), GCOMM_BUFFSIZE, "
+                       "GCOMM_CHECK_MISMATCH, GCOMM_P2P_USE_CUDA_MEMCPY or GPU vs host "
+                       "(config.device): set them the same on every rank",
+                       lo[CHANNELS], hi[CHANNELS]);
+#ifdef GCOMM_OFI
+  for (int p = 0; p < comm->nranks; p++)
+    if (comm->cards[p].hostId != hostId && comm->params.netDisable)
+      return GCOMM_ERROR(comm, gcommInvalidUsage, p,
+                         "rank %d is on another node and GCOMM_NET_DISABLE=1 refuses the network",
+                         p);
+#else
+  for (int p = 0; p < comm->nranks; p++)
+    if (comm->cards[p].hostId != hostId)
+      return GCOMM_ERROR(comm, gcommInvalidUsage, p,
+                         "rank %d is on another node and this build has no network transport "
+                         "(build with OFI=1)",
+                         p);
+#endif
+  return gcommSuccess;
+}
+
+/* The connection tables, then every transport's connections, each step agreed by every rank. */
+static gcommResult_t connectTransports(gcommComm_t comm) {
+  comm->sendConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
+  comm->recvConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
+  comm->nQueues = comm->nChannels + 2 * comm->nranks * comm->nP2pChannels;
+  comm->queues = calloc(comm->nQueues, sizeof(gcommQueue_t));
+  gcommResult_t res = comm->sendConns && comm->recvConns && comm->queues
+                          ? gcommSuccess
+                          : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  for (int i = 0; i < comm->nTransports; i++) {
+    const gcommTransport_t* t = comm->transports[i];
+    if (t->connect == NULL) continue;
+    if (res == gcommSuccess) res = t->connect(comm);
+    GCOMM_CHECK(agreeOnResult(comm, res, t->connectWhat));
+    if (t->connected) t->connected(comm);
+  }
+#ifdef GCOMM_GPU
+  if (comm->device >= 0 && comm->params.proto == gcommProtoLL &&
+      (spansNodes(comm) || copiesByEngine(comm)))
+    GCOMM_WARN(comm,
+               "GCOMM_PROTO=ll: LL cannot cross a proxy (its flags live in the data); this GPU "
+               "communicator %s and uses simple",
+               spansNodes(comm) ? "spans nodes" : "sends through copy engines");
+#endif
+  return gcommSuccess;
+}
+
+/* Everything after the MPI communicator exists; on failure the caller frees comm. */
+gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
+  uint64_t hostId = 0;
+  addTransports(comm);
+  GCOMM_CHECK(setupIdentity(comm, config, &hostId));
+  GCOMM_CHECK(setupShape(comm, config, hostId));
+  GCOMM_CHECK(exchangeCards(comm, hostId));
+  GCOMM_CHECK(checkShapeAgrees(comm, hostId));
+  GCOMM_CHECK(connectTransports(comm));
+  if (comm->params.dumpSignal > 0) gcommInstallDumpSignal(comm);
+  GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
+             "comm \"%s\" rank %d/%d: %d local ranks, %d channels, %zu-byte FIFO slots, proxy "
+             "%s, pid %d",
+             comm->name, comm->rank, comm->nranks, comm->nLocal, comm->nChannels, comm->slotBytes,
+             gcommProxyModeNames[comm->params.proxyMode], (int)getpid());
+  gcommTuningPrint(comm);
+  gcommProfInit(comm); /* late: a failing setup has no profiler to finalize */
+#ifdef GCOMM_GPU
+  /* the kernels' timestamps, with a plugin loaded (warns on failure) */
+  if (comm->prof.lib != NULL && comm->device >= 0) gcommDeviceProfSetup(comm);
+#endif
+  /* after the profiler, which the thread's passes report to (commFree in gcomm.c finalizes it on
+   * failure) */
+  return hasGpuProxy(comm) ? gcommStartGpuProxy(comm) : gcommSuccess;
+}

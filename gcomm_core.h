@@ -1,0 +1,169 @@
+/*
+ * gcomm_core.h - what the core's files (gcomm.c and the gcomm_*.c beside it) share and the
+ * transports do not see: small helpers over the communicator, the name tables of logs, the host
+ * reduction tables, and each core file's functions for the others. The transports include
+ * gcomm_internal.h only.
+ */
+#ifndef GCOMM_CORE_H
+#define GCOMM_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "gcomm_internal.h"
+#ifdef GCOMM_GPU
+#include "gcomm_device.h"
+#endif
+
+/* ---- Helpers over the communicator ---- */
+static inline gcommConn_t* sendConn(gcommComm_t comm, int lane, int peer) {
+  return &comm->sendConns[lane * comm->nranks + peer];
+}
+static inline gcommConn_t* recvConn(gcommComm_t comm, int lane, int peer) {
+  return &comm->recvConns[lane * comm->nranks + peer];
+}
+
+static inline char* opBuffer(const gcommOp_t* op, int which) {
+  if (which == GCOMM_BUF_IN) return (char*)op->sendbuff;
+  if (which == GCOMM_BUF_OUT) return (char*)op->recvbuff;
+  return NULL;
+}
+
+/* Whether some ranks are on other nodes (the same answer on every rank). */
+static inline int spansNodes(gcommComm_t comm) {
+  return comm->nLocal < comm->nranks;
+}
+
+/* Whether threads in gcommWait run the progress passes themselves (host communicators, thread
+ * mode: see gcommWait), the progress thread serving only work nobody waits on. */
+static inline int waitersDrive(gcommComm_t comm) {
+  return comm->device < 0;
+}
+
+/* A GPU communicator whose kernels stage data to other nodes through network FIFOs in pinned
+ * host memory (gcomm_gpu_net.c), which only the progress thread moves. */
+static inline int stagesNet(gcommComm_t comm) {
+#if defined(GCOMM_GPU) && defined(GCOMM_OFI)
+  return comm->device >= 0 && comm->net != NULL;
+#else
+  (void)comm;
+  return 0;
+#endif
+}
+
+/* A GPU communicator whose kernels send to local ranks through staging FIFOs that the progress
+ * thread copies with copy engines (GCOMM_P2P_USE_CUDA_MEMCPY, gcomm_gpu_copy.c). */
+static inline int copiesByEngine(gcommComm_t comm) {
+#ifdef GCOMM_GPU
+  return comm->device >= 0 && gcommDeviceCopyEngines(comm);
+#else
+  (void)comm;
+  return 0;
+#endif
+}
+
+/* A GPU communicator some of whose FIFOs a proxy on the progress thread moves (the network's,
+ * the copy engines'): the thread runs from init to destroy, and LL is never used (its flags live
+ * in the data, which the proxy moves keyed on the tail). */
+static inline int hasGpuProxy(gcommComm_t comm) {
+  return stagesNet(comm) || copiesByEngine(comm);
+}
+
+#define MPI_CHECK(comm, call)                                                                     \
+  do {                                                                                            \
+    int mpiErr_ = (call);                                                                         \
+    if (mpiErr_ != MPI_SUCCESS)                                                                   \
+      return GCOMM_ERROR(comm, gcommSystemError, -1, "%s failed (MPI error %d)", #call, mpiErr_); \
+  } while (0)
+
+static inline int gcommIsReduction(int func) {
+  return func == gcommFuncAllReduce || func == gcommFuncReduce || func == gcommFuncReduceScatter;
+}
+
+/* ---- Names for logs and errors (gcomm_params.c) ---- */
+extern const char* const gcommAlgoNames[];
+extern const char* const gcommProtoNames[];
+extern const char* const gcommProxyModeNames[];
+extern const char* const gcommFuncNames[gcommNumFuncs];
+extern const char* const gcommTypeNames[gcommNumTypes];
+/* an operation's redop: gcomm.h's operators, then PreMulSum (GCOMM_OP_PREMULSUM) */
+extern const char* const gcommOpNames[GCOMM_OP_PREMULSUM + 1];
+/* Writes one line to the log whatever GCOMM_DEBUG says (hang dumps, which were asked for; a
+ * profiler plugin's lines, which it filtered itself). */
+void gcommLogWrite(int level, gcommComm_t comm, const char* where, const char* msg);
+/* The last error of this thread (gcommGetLastError without a live communicator), and keeping a
+ * failed init's message there. */
+const char* gcommThreadLastError(void);
+void gcommKeepThreadError(const char* msg);
+
+/* ---- Host reductions (gcomm_host_reduce.c) ---- */
+typedef void (*reduceFn_t)(void* dst, const void* a, const void* b, size_t n);
+typedef void (*divideFn_t)(void* buf, size_t n, int nranks);
+typedef void (*preMulFn_t)(void* dst, const void* a, size_t n, const void* scalar);
+/* [type][op]: Avg and PreMulSum reduce by Sum (their other parts: divide, preMul) */
+extern const reduceFn_t gcommReduceTable[gcommNumTypes][GCOMM_OP_PREMULSUM + 1];
+extern const divideFn_t gcommDivideTable[gcommNumTypes];
+extern const preMulFn_t gcommPreMulTable[gcommNumTypes];
+
+/* ---- gcomm_executor.c ---- */
+int gcommWorkAdvance(gcommComm_t comm, gcommWork_t* w, gcommResult_t* res);
+uint32_t gcommOpTag(const gcommOp_t* op);
+
+/* ---- gcomm_progress.c ---- */
+int gcommAllDone(gcommComm_t comm, uint64_t target);
+void gcommDrainAll(gcommComm_t comm);
+gcommResult_t gcommFinalResult(gcommComm_t comm, const char* where);
+gcommResult_t gcommHostWait(gcommComm_t comm);
+void gcommInstallDumpSignal(gcommComm_t comm);
+gcommResult_t gcommPostOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, int n);
+int gcommProgressPass(gcommComm_t comm);
+void gcommPublishStop(gcommComm_t comm, gcommResult_t res, const char* why);
+void gcommSetAsyncError(gcommComm_t comm, gcommResult_t res);
+gcommResult_t gcommStartGpuProxy(gcommComm_t comm);
+
+/* ---- gcomm_wait.c ---- */
+struct timespec gcommDeadlineIn(long ns);
+
+/* ---- gcomm_args.c ---- */
+const char* gcommBadScalarPointer(gcommComm_t comm, const void* scalar, int residence);
+gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where);
+gcommResult_t gcommCheckComm(gcommComm_t comm, const char* where);
+gcommResult_t gcommCheckConfig(const gcommConfig_t* config);
+gcommResult_t gcommAsyncError(gcommComm_t comm, const char* where);
+int gcommCommIsLive(gcommComm_t comm);
+gcommResult_t gcommCommRegister(gcommComm_t comm);
+int gcommCommUnregister(gcommComm_t comm);
+int gcommIsInPlace(const gcommOp_t* op, int rank, size_t esz);
+
+/* ---- gcomm_order.c ---- */
+void gcommBufferCounts(const gcommOp_t* op, int rank, int n, size_t* inCount, size_t* outCount);
+int gcommOpMayStart(gcommComm_t comm, gcommOp_t* op);
+int gcommRangesMeet(const char* a, size_t alen, const char* b, size_t blen);
+int gcommRefOverlaps(gcommComm_t comm, int lane, const char* p, size_t len, int peerDone,
+                     uint64_t doneBelow);
+int gcommRefOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t len);
+int gcommWorkMayStart(gcommComm_t comm, gcommWork_t* w);
+
+/* ---- gcomm_tuning.c ---- */
+int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes);
+int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto);
+int gcommChooseProto(gcommComm_t comm, int func, int algo, size_t bytes);
+void gcommTuningPrint(gcommComm_t comm);
+
+/* ---- gcomm_bootstrap.c ---- */
+gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config);
+
+/* ---- gcomm_enqueue.c ---- */
+gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
+                           const char* where);
+gcommResult_t gcommGroupOpen(void);
+gcommResult_t gcommGroupClose(void);
+
+/* ---- gcomm_params.c ---- */
+gcommResult_t gcommParamsAgree(gcommComm_t comm);
+void gcommParamsLoad(gcommParams_t* p, gcommComm_t comm, const gcommConfig_t* config);
+void gcommParamsPrint(gcommComm_t comm);
+uint64_t gcommHashString(const char* s);
+
+#endif /* GCOMM_CORE_H */

@@ -1,0 +1,226 @@
+/*
+ * gcomm_enqueue.c - enqueue and groups: a checked call becomes an operation split into works
+ * (one per channel), posted to the progress engine or launched on a GPU, or held by a group until
+ * its end.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gcomm_core.h"
+
+static __thread int groupDepth;
+static __thread gcommComm_t groupComms; /* communicators with operations held by the group */
+
+/* Splits a checked operation into its works: one per channel, each a contiguous slice
+ * (chanOff, chanCount). Collectives use the collective channels; a Send/Recv uses the
+ * point-to-point channels, as many as its byte count gives (the same on both sides). */
+static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
+  int n = comm->nranks, isP2p = args->func == gcommFuncSend || args->func == gcommFuncRecv;
+  size_t esz = gcommTypeSize(args->datatype);
+  /* the size every rank agrees on (nccl-tests' size), so that all ranks choose alike */
+  size_t bytes = args->count * esz * (args->func >= gcommFuncAllGather && !isP2p ? n : 1);
+  int algo = isP2p ? gcommAlgoDirect : gcommChooseAlgo(comm, args->func, bytes);
+  int proto = gcommChooseProto(comm, args->func, algo, bytes);
+  int nch = gcommChooseChannels(comm, args->func, bytes, proto);
+  gcommOp_t* op = calloc(1, sizeof(gcommOp_t) + nch * sizeof(gcommWork_t));
+  if (op == NULL) return NULL;
+  *op = *args;
+  op->algo = algo;
+  op->proto = proto;
+  op->nChannels = nch;
+  op->seq = isP2p ? 0 : __atomic_fetch_add(&comm->collSeq, 1, __ATOMIC_RELAXED); /* dumps read it */
+  op->tag = comm->params.checkMismatch ? gcommOpTag(op) : 0;
+  /* one rank in place: nothing to move (no launch, no engine pass), unless PreMulSum scales */
+  if (n == 1 && gcommIsInPlace(args, 0, esz) && args->redop != GCOMM_OP_PREMULSUM) {
+    op->nWorksLeft = 0;
+    return op;
+  }
+  size_t align = esz >= 16 ? 1 : 16 / esz;
+  size_t slotPayload = proto == gcommProtoLL ? GCOMM_LL_SLOT_PAYLOAD : comm->slotBytes;
+  size_t chunk = (slotPayload / esz) / align * align;
+  size_t per = gcommDivUp(gcommDivUp(args->count, nch), align) * align;
+  for (int c = 0; c < nch; c++) {
+    size_t off = per * c;
+    if (off >= args->count) break;
+    gcommWork_t* w = &op->works[op->nWorks];
+    w->op = op;
+    w->sched.func = args->func;
+    w->sched.algo = algo;
+    w->sched.nranks = n;
+    w->sched.rank = comm->rank;
+    w->sched.root = args->root;
+    w->sched.peer = args->peer;
+    w->sched.count = args->count;
+    w->sched.chanOff = off;
+    w->sched.chanCount = gcommMinSize(per, args->count - off);
+    w->sched.chunk = chunk;
+    w->sched.align = align;
+    w->nSteps = gcommSchedNumSteps(&w->sched);
+    if (w->nSteps == 0) continue;
+    if (isP2p) { /* queue per (direction, peer, p2p channel); lane per p2p channel */
+      int dir = args->func == gcommFuncRecv;
+      w->queue = comm->nChannels + (dir * n + args->peer) * comm->nP2pChannels + c;
+      w->lane = comm->nChannels + c;
+    } else {
+      w->queue = w->lane = c;
+    }
+    op->nWorks++;
+  }
+  op->nWorksLeft = op->nWorks;
+  return op;
+}
+
+#ifdef GCOMM_GPU
+/* One kernel launch for a GPU communicator's ops; one with a proxy (network, copy engines) wakes
+ * the progress thread, which may be asleep with nothing posted. */
+static gcommResult_t launchOps(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
+  gcommResult_t res = gcommDeviceLaunch(comm, ops, n, stream);
+  if (res == gcommSuccess && hasGpuProxy(comm)) {
+    pthread_mutex_lock(&comm->postLock);
+    pthread_cond_signal(&comm->postCond);
+    pthread_mutex_unlock(&comm->postLock);
+  }
+  return res;
+}
+#endif
+
+static void traceOp(gcommComm_t comm, const gcommOp_t* op) {
+  GCOMM_TRACE(gcommIsReduction(op->func) ? GCOMM_SUBSYS_COLL : GCOMM_SUBSYS_P2P, comm,
+              "%s seq %llu count %zu %s %s root/peer %d algo %s proto %s channels %d works %d",
+              gcommFuncNames[op->func], (unsigned long long)op->seq, op->count,
+              gcommTypeNames[op->datatype], gcommOpNames[op->redop],
+              op->func >= gcommFuncSend ? op->peer : op->root, gcommAlgoNames[op->algo],
+              gcommProtoNames[op->proto], op->nChannels, op->nWorks);
+  if (GCOMM_PROF_ON(comm, gcommProfileGroup | gcommProfileColl | gcommProfileP2p))
+    gcommProfOpEnqueued(comm, (gcommOp_t*)op, groupDepth > 0);
+}
+
+static void freeOps(gcommOp_t* head) {
+  for (gcommOp_t* next; head; head = next) next = head->next, free(head);
+}
+
+/* Hands the built operations of one call (n of them, head to tail, each with works) over: a GPU
+ * communicator launches them, a host communicator posts them as one batch (they run
+ * concurrently), or the group holds them until its end. */
+static gcommResult_t submitOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, int n,
+                               gcommStream_t stream, const char* where) {
+#ifdef GCOMM_GPU
+  if (comm->device >= 0) { /* a GPU communicator launches (now, or at the group's end) */
+    if (groupDepth == 0) {
+      gcommResult_t r = launchOps(comm, head, n, stream);
+      freeOps(head);
+      return r;
+    }
+    if (comm->groupHead != NULL && stream != comm->groupStream) {
+      freeOps(head);
+      return gcommSetError(comm, gcommInvalidUsage, -1, where,
+                           "every operation of a group on one GPU communicator must use the "
+                           "same stream");
+    }
+    comm->groupStream = stream;
+  }
+#else
+  (void)stream, (void)where;
+#endif
+  if (groupDepth == 0 && comm->device < 0) return gcommPostOps(comm, head, tail, n);
+  if (comm->groupTail)
+    comm->groupTail->next = head;
+  else
+    comm->groupHead = head;
+  comm->groupTail = tail;
+  if (!comm->inGroup) {
+    __atomic_store_n(&comm->inGroup, 1, __ATOMIC_RELEASE);
+    comm->groupNext = groupComms;
+    groupComms = comm;
+  }
+  return gcommSuccess;
+}
+
+gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
+                           const char* where) {
+  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
+  GCOMM_CHECK(gcommCheckArgs(comm, args, where));
+  gcommOp_t* op = buildOp(comm, args);
+  if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
+  traceOp(comm, op);
+  if (op->nWorks == 0) { /* nothing to move (count 0): complete at once */
+    if (comm->device < 0) {
+      __atomic_add_fetch(&comm->opsPosted, 1, __ATOMIC_ACQ_REL);
+      __atomic_add_fetch(&comm->opsDone, 1, __ATOMIC_ACQ_REL);
+    }
+    free(op);
+    return gcommSuccess;
+  }
+  return submitOps(comm, op, op, 1, stream, where);
+}
+
+/* A call made of point-to-point parts (gcomm_vcoll.c): checked whole before anything is
+ * enqueued, one collective sequence number, every part tagged as the call (func, its datatype and
+ * root, a hash of countsHash or, when 0, of the part's count), posted or launched together. */
+gcommResult_t gcommEnqueueParts(gcommComm_t comm, gcommOp_t* parts, int n, int func,
+                                uint64_t countsHash, gcommStream_t stream, const char* where) {
+  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
+  for (int i = 0; i < n; i++) GCOMM_CHECK(gcommCheckArgs(comm, &parts[i], where));
+  uint64_t seq = __atomic_fetch_add(&comm->collSeq, 1, __ATOMIC_RELAXED);
+  gcommOp_t *head = NULL, *tail = NULL;
+  int count = 0;
+  for (int i = 0; i < n; i++) {
+    gcommOp_t* op = buildOp(comm, &parts[i]);
+    if (op == NULL) {
+      freeOps(head);
+      return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
+    }
+    gcommOp_t call = *op;
+    call.func = func;
+    call.seq = op->seq = seq;
+    call.count = countsHash ? countsHash : op->count;
+    op->tag = comm->params.checkMismatch ? gcommOpTag(&call) : 0;
+    traceOp(comm, op);
+    if (op->nWorks == 0) { /* an empty part */
+      free(op);
+      continue;
+    }
+    if (tail)
+      tail->next = op;
+    else
+      head = op;
+    tail = op;
+    count++;
+  }
+  return head == NULL ? gcommSuccess : submitOps(comm, head, tail, count, stream, where);
+}
+
+gcommResult_t gcommGroupOpen(void) {
+  groupDepth++;
+  return gcommSuccess;
+}
+
+gcommResult_t gcommGroupClose(void) {
+  gcommResult_t res = gcommSuccess;
+  if (groupDepth == 0)
+    return GCOMM_ERROR(NULL, gcommInvalidUsage, -1, "gcommGroupEnd without gcommGroupOpen");
+  if (--groupDepth > 0) return gcommSuccess;
+  while (groupComms != NULL) { /* one post per communicator: the group is one launch */
+    gcommComm_t comm = groupComms;
+    groupComms = comm->groupNext;
+    int count = 0;
+    gcommOp_t* tail = NULL;
+    for (gcommOp_t* op = comm->groupHead; op; op = op->next) count++, tail = op;
+    gcommResult_t r;
+#ifdef GCOMM_GPU
+    if (comm->device >= 0) {
+      r = launchOps(comm, comm->groupHead, count, comm->groupStream);
+      for (gcommOp_t *op = comm->groupHead, *next; op; op = next) next = op->next, free(op);
+    } else
+#endif
+      r = gcommPostOps(comm, comm->groupHead, tail, count);
+    if (r != gcommSuccess && res == gcommSuccess) res = r;
+    if (comm->profGroup != NULL) gcommProfGroupEnd(comm);
+    comm->groupHead = comm->groupTail = NULL;
+    comm->groupNext = NULL;
+    __atomic_store_n(&comm->inGroup, 0, __ATOMIC_RELEASE);
+  }
+  return res;
+}

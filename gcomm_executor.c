@@ -1,0 +1,316 @@
+/*
+ * gcomm_executor.c - the host executor: runs the ready steps of one work of a schedule
+ * (gcomm_sched.h) over the FIFOs, and, when a step waits too long, finds out why (a dead rank,
+ * a different call at the same point, a stopped peer) and names the peer.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gcomm_core.h"
+
+/* A step is ready when every FIFO it reads holds a slot, every FIFO it writes has room, and no
+ * network send still reads the memory it writes (a send by reference: the next steps of an
+ * in-place operation rewrite its input). Returns the peer it waits on (and whether for a
+ * receive), or -1 when ready. */
+static int stepBlockedOn(gcommComm_t comm, const gcommWork_t* w, const gcommStep_t* st,
+                         int* isRecv) {
+  int lane = w->lane;
+  for (int i = 0; i < 2; i++) {
+    if (st->recvPeer[i] < 0) continue;
+    gcommConn_t* c = recvConn(comm, lane, st->recvPeer[i]);
+    if (__atomic_load_n(&c->fifo->tail, __ATOMIC_ACQUIRE) <= c->step) {
+      *isRecv = 1;
+      return st->recvPeer[i];
+    }
+  }
+  for (int i = 0; i < 2; i++) {
+    if (st->sendPeer[i] < 0) continue;
+    gcommConn_t* c = sendConn(comm, lane, st->sendPeer[i]);
+    if (c->step - __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE) >= GCOMM_STEPS) {
+      *isRecv = 0;
+      return st->sendPeer[i];
+    }
+  }
+  size_t esz = gcommTypeSize(w->op->datatype);
+  char* dst = st->dst == GCOMM_BUF_NONE ? NULL : opBuffer(w->op, st->dst) + st->dstOff * esz;
+  /* a message received into dst itself (gcommNetDirectTarget) leaves the step nothing to write */
+  gcommConn_t* in = st->recvPeer[0] >= 0 ? recvConn(comm, lane, st->recvPeer[0]) : NULL;
+  int landed = in != NULL && in->landed != NULL && in->landed[in->step % GCOMM_STEPS] == dst;
+  int peer = dst == NULL || landed || !spansNodes(comm)
+                 ? -1
+                 : gcommRefOverlaps(comm, lane, dst, st->count * esz, -1, 0);
+  *isRecv = 0;
+  return peer;
+}
+
+/* The tag of a call: what every rank must agree on at one point of the FIFOs. Fields (bits): func
+ * 0-3 (a Recv is tagged as the Send it matches), datatype 4-7, op 8-10, root 11-17 (mod 128),
+ * collective seq 18-23 (mod 64), a hash of count 24-30, and bit 31 set (0 means "no tag"). */
+#define TAG_FIELD(tag, shift, bits) (((tag) >> (shift)) & ((1u << (bits)) - 1))
+uint32_t gcommOpTag(const gcommOp_t* op) {
+  int isP2p = op->func == gcommFuncSend || op->func == gcommFuncRecv;
+  uint64_t h = (uint64_t)op->count * 0x9e3779b97f4a7c15ull;
+  return (uint32_t)(isP2p ? gcommFuncSend : op->func) | (uint32_t)op->datatype << 4 |
+         (uint32_t)op->redop << 8 | (uint32_t)(isP2p ? 0 : op->root & 127) << 11 |
+         (uint32_t)(op->seq & 63) << 18 | (uint32_t)(h >> 57) << 24 | 1u << 31;
+}
+
+void gcommDescribeMismatch(char* buf, size_t len, uint64_t got, uint64_t expected) {
+  uint32_t g = (uint32_t)(got >> 32), e = (uint32_t)(expected >> 32);
+  unsigned gf = TAG_FIELD(g, 0, 4), gt = TAG_FIELD(g, 4, 4), go = TAG_FIELD(g, 8, 3);
+  if (g == 0 || e == 0 || g == e) /* no tags (a remote peer, GCOMM_CHECK_MISMATCH=0) or alike */
+    snprintf(buf, len, "it sent %llu bytes where this rank expects %llu (a different count)",
+             (unsigned long long)(uint32_t)got, (unsigned long long)(uint32_t)expected);
+  else if (gf != TAG_FIELD(e, 0, 4))
+    snprintf(buf, len, "it called %s where this rank called %s", gcommFuncName((int)gf),
+             gcommFuncName((int)TAG_FIELD(e, 0, 4)));
+  else if (TAG_FIELD(g, 18, 6) != TAG_FIELD(e, 18, 6))
+    snprintf(buf, len,
+             "its collective is seq %u (mod 64) where this rank's is seq %u: a rank skipped a "
+             "collective or called one more",
+             TAG_FIELD(g, 18, 6), TAG_FIELD(e, 18, 6));
+  else if (gt != TAG_FIELD(e, 4, 4))
+    snprintf(buf, len, "its datatype is %s where this rank's is %s",
+             gt < gcommNumTypes ? gcommTypeNames[gt] : "?",
+             gcommTypeNames[TAG_FIELD(e, 4, 4) % gcommNumTypes]);
+  else if (go != TAG_FIELD(e, 8, 3))
+    snprintf(buf, len, "its op is %s where this rank's is %s",
+             go <= GCOMM_OP_PREMULSUM ? gcommOpNames[go] : "?",
+             gcommOpNames[TAG_FIELD(e, 8, 3) % (GCOMM_OP_PREMULSUM + 1)]);
+  else if (TAG_FIELD(g, 11, 7) != TAG_FIELD(e, 11, 7))
+    snprintf(buf, len, "its root is %u (mod 128) where this rank's is %u", TAG_FIELD(g, 11, 7),
+             TAG_FIELD(e, 11, 7));
+  else
+    snprintf(buf, len, "its count differs from this rank's");
+}
+
+static char* slotOf(gcommConn_t* c) {
+  return c->slots + (c->step % GCOMM_STEPS) * c->slotBytes;
+}
+
+/* Whether a step multiplies its local operand by the PreMulSum scalar: it reads the caller's input
+ * (never an earlier partial result in the output) and uses it (a plain receive does not). */
+static int stepScalesInput(const gcommOp_t* op, const gcommStep_t* st, int nIn) {
+  return op->redop == GCOMM_OP_PREMULSUM && st->src == GCOMM_BUF_IN && (nIn == 0 || st->reduce);
+}
+
+/* The step's value into value (st->count elements): src [op in0 [op in1]], or in0 [op in1], then
+ * Avg's division. PreMulSum scales src into value first (a host communicator's device-resident
+ * scalar is read here, when the operation runs). */
+static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* st, const char* src,
+                      char* const* in, int nIn, char* value) {
+  size_t bytes = st->count * gcommTypeSize(op->datatype);
+  if (stepScalesInput(op, st, nIn)) {
+    gcommPreMulTable[op->datatype](value, src, st->count,
+                                   op->scalarPtr ? op->scalarPtr : &op->scalar);
+    src = value;
+  }
+  if (nIn == 0) {
+    if (value != src) memcpy(value, src, bytes);
+  } else if (!st->reduce) {
+    if (value != in[0]) memcpy(value, in[0], bytes); /* else received in place */
+  } else {
+    reduceFn_t fn = gcommReduceTable[op->datatype][op->redop];
+    if (src != NULL) { /* src op in0 [op in1] */
+      fn(value, src, in[0], st->count);
+      if (nIn == 2) fn(value, value, in[1], st->count);
+    } else { /* no local operand: in0 op in1 */
+      fn(value, in[0], in[1], st->count);
+    }
+  }
+  if (st->postOp && op->redop == gcommAvg)
+    gcommDivideTable[op->datatype](value, st->count, comm->nranks);
+}
+
+/* Executes a ready step: value = recv (op src) or src; value -> dst and send FIFOs. */
+static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t* st) {
+  const gcommOp_t* op = w->op;
+  size_t esz = gcommTypeSize(op->datatype), bytes = st->count * esz;
+  char* src = opBuffer(op, st->src);
+  char* dst = opBuffer(op, st->dst);
+  char *in[2] = {NULL, NULL}, *out[2] = {NULL, NULL};
+  gcommConn_t* outConn[2] = {NULL, NULL};
+  int nIn = 0, nOut = 0;
+  if (src) src += st->srcOff * esz;
+  if (dst) dst += st->dstOff * esz;
+  for (int i = 0; i < 2; i++) {
+    if (st->recvPeer[i] >= 0) {
+      int peer = st->recvPeer[i];
+      gcommConn_t* c = recvConn(comm, w->lane, peer);
+      uint64_t got = c->fifo->bytes[c->step % GCOMM_STEPS], want = GCOMM_SLOT_WORD(op->tag, bytes);
+      if (got != want) {
+        char what[256];
+        gcommDescribeMismatch(what, sizeof(what), got, want);
+        return gcommSetError(comm, gcommInvalidUsage, peer, "progress",
+                             "%s (seq %llu, count %zu, %s, %s, root %d) channel %d step %ld: rank "
+                             "%d made a different call: %s",
+                             gcommFuncNames[op->func], (unsigned long long)op->seq, op->count,
+                             gcommTypeNames[op->datatype], gcommOpNames[op->redop], op->root,
+                             w->lane, w->step, peer, what);
+      }
+      char* landed = c->landed ? c->landed[c->step % GCOMM_STEPS] : NULL;
+      in[nIn++] = landed ? landed : slotOf(c);
+    }
+    if (st->sendPeer[i] >= 0) {
+      outConn[nOut] = sendConn(comm, w->lane, st->sendPeer[i]);
+      out[nOut] = slotOf(outConn[nOut]);
+      nOut++;
+    }
+  }
+  /* compute the value once, into dst if there is one, else into the first send slot; a value in
+   * the caller's memory (dst, or src sent as it is) goes to a network FIFO by reference */
+  char* user = dst ? dst : nIn == 0 && !st->postOp && !stepScalesInput(op, st, nIn) ? src : NULL;
+  char* value = user ? user : out[0];
+  if (value != NULL && bytes > 0) {
+    stepValue(comm, op, st, src, in, nIn, value);
+    for (int i = 0; i < nOut; i++)
+      if (out[i] != value && !(user && outConn[i]->refs)) memcpy(out[i], value, bytes);
+  }
+  /* publish: payload sizes and data before the counters that hand the slots over */
+  for (int i = 0; i < 2; i++) {
+    if (st->sendPeer[i] >= 0) {
+      gcommConn_t* c = sendConn(comm, w->lane, st->sendPeer[i]);
+      /* the payload size and the call's tag (across nodes the tag travels as the message's
+       * completion data, transports/net_ofi.c) */
+      c->fifo->bytes[c->step % GCOMM_STEPS] = GCOMM_SLOT_WORD(op->tag, bytes);
+      if (c->refs) {
+        c->refs[c->step % GCOMM_STEPS] = user;
+        if (user) c->refUntil = c->step + 1;
+      }
+      __atomic_store_n(&c->fifo->tail, ++c->step, __ATOMIC_RELEASE);
+    }
+    if (st->recvPeer[i] >= 0) {
+      gcommConn_t* c = recvConn(comm, w->lane, st->recvPeer[i]);
+      __atomic_store_n(&c->fifo->head, ++c->step, __ATOMIC_RELEASE);
+    }
+  }
+  return gcommSuccess;
+}
+
+/* A local peer that no longer exists will never fill or drain its FIFOs. Only a process of this
+ * very machine can be probed (GCOMM_HOSTID nodes may share one): compare real host names. */
+static int peerIsDead(gcommComm_t comm, int peer) {
+  if (strcmp(comm->cards[peer].host, comm->cards[comm->rank].host) != 0) return 0;
+  return gcommProcessIsDead(comm->cards[peer].pid);
+}
+
+/* What a blocked work probes in local rank q, in this order over every rank (the cause first):
+ * its death; a different call at the same sequence number (its status page: e.g. another root,
+ * where no data flows, so no slot word can tell); the error that stopped it. */
+enum { PROBE_DEATH, PROBE_CALL, PROBE_STOP, PROBE_PHASES };
+
+/* Whether local rank q can still serve w, by one phase of probes. Fails w naming q. */
+static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, uint64_t waitedMs,
+                               int phase) {
+  const gcommOp_t* op = w->op;
+  char at[192];
+  snprintf(at, sizeof(at), "%s (seq %llu) lane %d step %ld/%ld, waiting %llu ms to %s rank %d",
+           gcommFuncNames[op->func], (unsigned long long)op->seq, w->lane, w->step, w->nSteps,
+           (unsigned long long)waitedMs, w->waitRecv ? "receive from" : "send to", w->waitPeer);
+  if (phase == PROBE_DEATH)
+    return peerIsDead(comm, q)
+               ? gcommSetError(comm, gcommRemoteError, q, "progress", "%s: rank %d has died", at, q)
+               : gcommSuccess;
+  gcommStatus_t* st = gcommShmStatus(comm, q);
+  if (st == NULL) return gcommSuccess;
+  int isColl = op->func != gcommFuncSend && op->func != gcommFuncRecv;
+  if (phase == PROBE_CALL) {
+    if (!isColl || op->tag == 0 || w->lane >= GCOMM_STATUS_LANES) return gcommSuccess;
+    uint64_t cur = __atomic_load_n(&st->current[w->lane], __ATOMIC_ACQUIRE);
+    if ((uint32_t)(cur >> 32) != (uint32_t)(op->seq + 1) || (uint32_t)cur == op->tag)
+      return gcommSuccess;
+    char what[256];
+    gcommDescribeMismatch(what, sizeof(what), GCOMM_SLOT_WORD((uint32_t)cur, 0),
+                          GCOMM_SLOT_WORD(op->tag, 0));
+    return gcommSetError(comm, gcommInvalidUsage, q, "progress",
+                         "%s: rank %d made a different call: %s", at, q, what);
+  }
+  int code = __atomic_load_n(&st->code, __ATOMIC_ACQUIRE);
+  /* A rank that finished all its work and destroyed the communicator stops only the ranks that
+   * wait on it directly (it will never send or drain again); others wait on slower ranks. */
+  if (code == 0 || (st->finished && q != w->waitPeer)) return gcommSuccess;
+  char msg[sizeof(st->msg)];
+  memcpy(msg, st->msg, sizeof(msg));
+  msg[sizeof(msg) - 1] = 0;
+  return gcommSetError(comm, code == gcommInvalidUsage ? gcommInvalidUsage : gcommRemoteError, q,
+                       "progress", "%s: rank %d stopped: %s", at, q, msg);
+}
+
+static void noteCurrent(gcommComm_t comm, const gcommWork_t* w) {
+  const gcommOp_t* op = w->op;
+  gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
+  if (st == NULL || op->tag == 0 || op->func == gcommFuncSend || op->func == gcommFuncRecv ||
+      w->lane >= GCOMM_STATUS_LANES)
+    return;
+  __atomic_store_n(&st->current[w->lane], (uint64_t)(uint32_t)(op->seq + 1) << 32 | op->tag,
+                   __ATOMIC_RELEASE);
+}
+
+/* Notes that w cannot move: fails it when a local rank died or stopped, the ranks' calls differ,
+ * or the deadline passed. */
+static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int isRecv) {
+  uint64_t now = gcommNowNs();
+  const char* lost =
+      (isRecv ? recvConn(comm, w->lane, peer) : sendConn(comm, w->lane, peer))->netFailure;
+  if (lost != NULL) return gcommSetError(comm, gcommRemoteError, peer, "progress", "%s", lost);
+  if (w->waitSinceNs == 0 || w->waitPeer != peer) {
+    w->waitSinceNs = now;
+    w->waitPeer = peer;
+    w->waitRecv = isRecv;
+    return gcommSuccess;
+  }
+  uint64_t waitedMs = (now - w->waitSinceNs) / 1000000;
+  const gcommOp_t* op = w->op;
+  /* A dead or stopped rank never fills or drains its FIFOs, and the ranks behind it stop when
+   * they notice, so the awaited peer may be alive but stuck: after 100 ms of waiting, probe every
+   * local rank every 50 ms: deaths first (the cause), then different calls, then stops, the
+   * awaited peer first. Survivors name the rank long before the deadline. */
+  if (waitedMs >= 100 && now - comm->livenessNs >= 50000000) {
+    comm->livenessNs = now;
+    for (int phase = 0; phase < PROBE_PHASES; phase++)
+      for (int k = 0; k < comm->nranks; k++) {
+        int q = (peer + k) % comm->nranks;
+        gcommResult_t res = q == comm->rank ? gcommSuccess : probeRank(comm, w, q, waitedMs, phase);
+        if (res != gcommSuccess) return res;
+      }
+  }
+  if ((int64_t)waitedMs >= comm->params.timeoutMs)
+    return gcommSetError(comm, gcommTimeout, peer, "progress",
+                         "%s (seq %llu, count %zu, %s) lane %d step %ld/%ld: waited %llu ms to "
+                         "%s rank %d (GCOMM_TIMEOUT_MS=%lld)",
+                         gcommFuncNames[op->func], (unsigned long long)op->seq, op->count,
+                         gcommTypeNames[op->datatype], w->lane, w->step, w->nSteps,
+                         (unsigned long long)waitedMs, isRecv ? "receive from" : "send to", peer,
+                         (long long)comm->params.timeoutMs);
+  return gcommSuccess;
+}
+
+/* Runs w's steps while they are ready (at most a FIFO's worth, for fairness between queues).
+ * Returns how many ran, or -1 on error (*res says which). */
+int gcommWorkAdvance(gcommComm_t comm, gcommWork_t* w, gcommResult_t* res) {
+  int ran = 0;
+  if (w->step == 0) noteCurrent(comm, w);
+  while (w->step < w->nSteps && ran < GCOMM_STEPS) {
+    gcommStep_t st;
+    int isRecv = 0;
+    gcommSchedGetStep(&w->sched, w->step, &st);
+    if (GCOMM_PROF_ON(comm, gcommProfileProxyOp | gcommProfileProxyStep))
+      gcommProfStepBegin(comm, w, &st);
+    int peer = stepBlockedOn(comm, w, &st, &isRecv);
+    if (peer >= 0) {
+      if (w->profStep != NULL && w->waitSinceNs == 0) gcommProfStepWait(comm, w, peer, isRecv);
+      *res = workBlocked(comm, w, peer, isRecv);
+      return *res == gcommSuccess ? ran : -1;
+    }
+    *res = runStep(comm, w, &st);
+    if (*res != gcommSuccess) return -1;
+    w->waitSinceNs = 0;
+    w->step++;
+    if (w->profStarted) gcommProfWorkStepEnd(comm, w, w->step == w->nSteps);
+    ran++;
+  }
+  return ran;
+}

@@ -1,0 +1,110 @@
+/*
+ * gcomm_gpu_engine.h - what the GPU engine's files (gcomm_gpu_engine.c: select, launch, wait,
+ * test, quiesce, abort; gcomm_gpu_copy.c: copy engines; gcomm_gpu_prof.c: kernel timestamps;
+ * gcomm_gpu_net.c: network FIFOs staged for the kernels) and the IPC transport (transports/p2p.c)
+ * share: a GPU communicator's state (struct gcommDev), the CUDA error idiom, and their functions
+ * for one another. C only (gcomm_device.h holds what the kernels see); the CUDA and HIP builds.
+ */
+#ifndef GCOMM_GPU_ENGINE_H
+#define GCOMM_GPU_ENGINE_H
+
+#include "gcomm_device.h"
+#include "gcomm_gpu.h" /* CUDA, or HIP (GCOMM_HIP) under the same cuda* names */
+
+/* A stream this communicator launched on, and an event recorded after its latest launch there. */
+typedef struct {
+  cudaStream_t stream;
+  cudaEvent_t done;
+} launchMark_t;
+
+#define GPU_POINTERS_KNOWN 8
+struct gcommDev {
+  int staged;        /* the regions are in pinned shared host memory, not GPU memory */
+  char* region;      /* this rank's region as its kernels address it (cudaMalloc, or registered) */
+  char** peerRegion; /* [rank]: a local peer's region as this rank's kernels address it (opened
+                        IPC mapping, or registered), NULL for self and remote ranks */
+  uint64_t* steps;   /* this rank's step counters (cudaMalloc) */
+  size_t fifoBytes, regionBytes, headOff;
+  gcommDevComm_t host;     /* host copy of the device communicator */
+  gcommDevComm_t* devComm; /* device copy */
+  gcommDevConn_t* conns;   /* device arrays: send then recv */
+  void* hostMapped;        /* cudaHostAlloc'd: abort flag, error record */
+  gcommDevLaunch_t* args;  /* staging of one launch's parameters */
+  /* the streams launched on (not while being captured into a graph: the caller finishes its
+   * replays), each with an event after its latest launch: destroy waits for these, not the device
+   */
+  launchMark_t* marks;
+  int nMarks;
+  /* the event after the latest launch (one of marks' events, never freed before destroy): the
+   * progress thread reads it to poll the network while launched kernels may still need it */
+  cudaEvent_t lastMark;
+  int keepMemory;      /* destroy could not see every kernel end: what they use is never freed */
+  char* netFifos;      /* cudaHostAlloc'd: the FIFOs to ranks on other nodes, or NULL */
+  char* netSlots;      /* cudaMalloc'd: their slots when the network takes GPU memory, or NULL */
+  uint64_t waitSeenNs; /* progress thread: when it last saw the kernels' waiting flag */
+  /* copy-engine sends to local peers (GCOMM_P2P_USE_CUDA_MEMCPY, section below), or nCe == 0 */
+  struct ceConn* ce;      /* [nCe]: the connections, by peer then lane */
+  struct cePeer* cePeers; /* [nCePeers]: each local peer's copy stream */
+  int nCe, nCePeers;
+  char* ceSlots; /* cudaMalloc: every connection's staging slots */
+  char* ceHdrs;  /* cudaHostAlloc'd, mapped: every connection's staging header */
+
+  /* the profiler's kernel timestamps (section at the end), or NULL */
+  struct gcommDevProf* prof;
+  const gcommWork_t** order; /* gcommDeviceLaunch: the works of a launch by queue */
+  int orderCap;
+  /* gcommDeviceBadPointer: the latest buffers found in GPU memory */
+  const void* knownPointers[GPU_POINTERS_KNOWN];
+  unsigned knownNext;
+};
+
+#define CUDA_CHECK(comm, peer, call)                                                \
+  do {                                                                              \
+    cudaError_t e_ = (call);                                                        \
+    if (e_ != cudaSuccess)                                                          \
+      return GCOMM_ERROR(comm, gcommDeviceError, peer, "%s failed: %s (%s)", #call, \
+                         cudaGetErrorName(e_), cudaGetErrorString(e_));             \
+  } while (0)
+
+/* Runs with comm's device current, restoring the caller's. */
+#define WITH_DEVICE(comm, old) \
+  int old = -1;                \
+  cudaGetDevice(&old);         \
+  if (old != (comm)->device) cudaSetDevice((comm)->device)
+#define RESTORE_DEVICE(comm, old) \
+  if (old >= 0 && old != (comm)->device) cudaSetDevice(old)
+
+/* ---- transports/p2p.c: the FIFO regions of a node's GPUs, shared through CUDA IPC ---- */
+/* Registers rank's shm area (its staged region) with CUDA in this process; *region: the address
+ * this process's kernels use for it. */
+gcommResult_t gcommIpcRegisterArea(gcommComm_t comm, int rank, char** region);
+/* This rank's FIFO region: in its GPU's memory, exported for IPC in card->devHandle, or (staged)
+ * its shm area registered with CUDA. */
+gcommResult_t gcommIpcRegionCreate(gcommComm_t comm, gcommCard_t* card);
+/* Opens (or registers, staged) every local peer's region: d->peerRegion. */
+gcommResult_t gcommIpcOpenPeers(gcommComm_t comm);
+/* The kernels' connections to the local ranks (itself included): hc[lane * n + p] sends to p,
+ * hc[nc + that] receives from p, each with its step counter in steps. */
+void gcommIpcFillConns(gcommComm_t comm, gcommDevConn_t* hc, uint64_t* steps);
+/* Closes the peers' regions and frees this rank's (not when d->keepMemory). */
+void gcommIpcClose(gcommComm_t comm);
+
+/* ---- gcomm_gpu_copy.c: copy engines (GCOMM_P2P_USE_CUDA_MEMCPY) ---- */
+gcommResult_t gcommGpuCopyConnect(gcommComm_t comm, gcommDevConn_t* hc);
+void gcommGpuCopyFree(struct gcommDev* d);
+
+/* ---- gcomm_gpu_prof.c: the profiler's kernel timestamps ---- */
+void gcommGpuProfStage(struct gcommDevProf* p, int work, void* parent);
+uint64_t* gcommGpuProfTake(gcommComm_t comm, const gcommDevLaunch_t* a);
+void gcommGpuProfReap(gcommComm_t comm, int all);
+void gcommGpuProfFree(struct gcommDevProf* p);
+
+#ifdef GCOMM_OFI
+/* ---- gcomm_gpu_net.c: FIFOs to ranks on other nodes, moved by the network's proxy ---- */
+gcommResult_t gcommGpuNetConnect(gcommComm_t comm, gcommDevConn_t* hc, uint64_t* steps);
+/* Waits for the copies of GPU memory that the provider issued from this thread on the legacy
+ * default stream (the network's comm->netFence, before a tail advances over their data). */
+gcommResult_t gcommDeviceNetFence(gcommComm_t comm);
+#endif
+
+#endif /* GCOMM_GPU_ENGINE_H */

@@ -1,0 +1,466 @@
+/*
+ * gcomm_progress.c - the progress engine (proxy): fetches posted operations into the queues,
+ * runs passes that advance every queue's head work and every transport's proxy, the progress
+ * thread and its sleeps, completion (what gcommWait and gcommTest wait for), hang dumps.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gcomm_core.h"
+
+static volatile sig_atomic_t dumpRequests; /* bumped by the GCOMM_PROXY_DUMP_SIGNAL handler */
+static void dumpSignalHandler(int sig) {
+  (void)sig;
+  dumpRequests++;
+}
+
+static void opFinished(gcommComm_t comm, gcommOp_t* op) {
+  if (op->prevActive)
+    op->prevActive->nextActive = op->nextActive;
+  else
+    comm->activeHead = op->nextActive;
+  if (op->nextActive)
+    op->nextActive->prevActive = op->prevActive;
+  else
+    comm->activeTail = op->prevActive;
+  free(op);
+  __atomic_add_fetch(&comm->opsDone, 1, __ATOMIC_RELEASE);
+  if (__atomic_load_n(&comm->waiters, __ATOMIC_ACQUIRE) > 0) {
+    pthread_mutex_lock(&comm->doneLock);
+    pthread_cond_broadcast(&comm->doneCond);
+    pthread_mutex_unlock(&comm->doneLock);
+  }
+}
+
+static void workFinished(gcommComm_t comm, gcommWork_t* w) {
+  if (w->profStarted) gcommProfWorkStepEnd(comm, w, 1); /* drained before its end */
+  comm->nActiveWorks--;
+  if (--w->op->nWorksLeft == 0) opFinished(comm, w->op);
+}
+
+/* Moves up to max posted operations into the queues. */
+static void fetchPosted(gcommComm_t comm, long max) {
+  /* a peek without the lock (atomic: posters write it under the lock); the next pass sees what
+   * it missed */
+  if (__atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE) == NULL) return;
+  void* ctrl = GCOMM_PROF_ON(comm, gcommProfileProxyCtrl)
+                   ? gcommProfCtrlStart(comm, gcommProfilerProxyCtrlAppend)
+                   : NULL;
+  long k = 0;
+  pthread_mutex_lock(&comm->postLock);
+  for (; k < max && comm->postedHead != NULL; k++) {
+    gcommOp_t* op = comm->postedHead;
+    __atomic_store_n(&comm->postedHead, op->next, __ATOMIC_RELEASE);
+    if (op->next == NULL) comm->postedTail = NULL;
+    op->prevActive = comm->activeTail;
+    op->nextActive = NULL;
+    if (comm->activeTail)
+      comm->activeTail->nextActive = op;
+    else
+      comm->activeHead = op;
+    comm->activeTail = op;
+    for (int i = 0; i < op->nWorks; i++) {
+      gcommWork_t* w = &op->works[i];
+      gcommQueue_t* q = &comm->queues[w->queue];
+      w->next = NULL;
+      if (q->tail)
+        q->tail->next = w;
+      else
+        q->head = w;
+      q->tail = w;
+    }
+    comm->nActiveWorks += op->nWorks;
+  }
+  pthread_mutex_unlock(&comm->postLock);
+  if (ctrl != NULL) gcommProfCtrlStop(comm, ctrl, gcommProfilerProxyCtrlAppendEnd, (int)k);
+}
+
+void gcommDrainAll(gcommComm_t comm) {
+  fetchPosted(comm, LONG_MAX);
+  for (int q = 0; q < comm->nQueues; q++) {
+    while (comm->queues[q].head != NULL) {
+      gcommWork_t* w = comm->queues[q].head;
+      comm->queues[q].head = w->next;
+      workFinished(comm, w);
+    }
+    comm->queues[q].tail = NULL;
+  }
+}
+
+/* Tells the ranks of this node that this rank's communicator stopped, and why (gcommStatus_t),
+ * so that those blocked on it stop too, naming it. The first word stays. */
+void gcommPublishStop(gcommComm_t comm, gcommResult_t res, const char* why) {
+  gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
+  if (st == NULL || __atomic_load_n(&st->code, __ATOMIC_ACQUIRE) != 0) return;
+  pthread_mutex_lock(&comm->errorLock);
+  const char* msg = why ? why : comm->lastError;
+  size_t len = strnlen(msg, sizeof(st->msg) - 1);
+  memcpy(st->msg, msg, len);
+  st->msg[len] = 0;
+  pthread_mutex_unlock(&comm->errorLock);
+  __atomic_store_n(&st->code, (int)res, __ATOMIC_RELEASE);
+}
+
+void gcommSetAsyncError(gcommComm_t comm, gcommResult_t res) {
+  int expected = gcommSuccess;
+  if (__atomic_compare_exchange_n(&comm->asyncError, &expected, (int)res, 0, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_ACQUIRE))
+    gcommPublishStop(comm, res, res == gcommAborted ? "gcommCommAbort was called there" : NULL);
+}
+
+/* Every queue's head operation, its step and the peer it waits on, for hang diagnosis
+ * (tools/hang_report.py reads these lines from every rank's log): on GCOMM_PROXY_DUMP_SIGNAL and
+ * when the engine stops on an error. Logged whatever GCOMM_DEBUG says: it was asked for, or it
+ * explains a failure. */
+static void dumpState(gcommComm_t comm, const char* why) {
+  char line[1024];
+  snprintf(
+      line, sizeof(line),
+      "rank %d/%d comm \"%s\" pid %d (%s): %llu collectives called, %llu ops posted, %llu "
+      "done, %ld works active, async error: %s",
+      comm->rank, comm->nranks, comm->name, (int)getpid(), why,
+      (unsigned long long)__atomic_load_n(&comm->collSeq, __ATOMIC_RELAXED),
+      (unsigned long long)__atomic_load_n(&comm->opsPosted, __ATOMIC_RELAXED),
+      (unsigned long long)__atomic_load_n(&comm->opsDone, __ATOMIC_RELAXED), comm->nActiveWorks,
+      gcommGetErrorString((gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_RELAXED)));
+  gcommLogWrite(GCOMM_LOG_WARN, comm, "dump", line);
+  for (int q = 0; q < comm->nQueues; q++) {
+    gcommWork_t* w = comm->queues[q].head;
+    if (w == NULL) continue;
+    int queued = 0;
+    for (gcommWork_t* x = w->next; x; x = x->next) queued++;
+    const gcommOp_t* op = w->op;
+    int len = snprintf(line, sizeof(line), "rank %d comm \"%s\" queue %d: %s", comm->rank,
+                       comm->name, q, gcommFuncNames[op->func]);
+    if (op->func == gcommFuncSend || op->func == gcommFuncRecv)
+      len += snprintf(line + len, sizeof(line) - len, " peer %d", op->peer);
+    else
+      len += snprintf(line + len, sizeof(line) - len, " seq %llu root %d",
+                      (unsigned long long)op->seq, op->root);
+    len +=
+        snprintf(line + len, sizeof(line) - len, " count %zu %s %s algo %s channel %d step %ld/%ld",
+                 op->count, gcommTypeNames[op->datatype], gcommOpNames[op->redop],
+                 gcommAlgoNames[op->algo], w->lane, w->step, w->nSteps);
+    if (w->waitSinceNs) {
+      gcommConn_t* c =
+          w->waitRecv ? recvConn(comm, w->lane, w->waitPeer) : sendConn(comm, w->lane, w->waitPeer);
+      len += snprintf(line + len, sizeof(line) - len,
+                      ", waiting %llu ms to %s rank %d (fifo tail %llu head %llu)",
+                      (unsigned long long)((gcommNowNs() - w->waitSinceNs) / 1000000),
+                      w->waitRecv ? "receive from" : "send to", w->waitPeer,
+                      (unsigned long long)c->fifo->tail, (unsigned long long)c->fifo->head);
+    }
+    snprintf(line + len, sizeof(line) - len, "; %d more queued", queued);
+    gcommLogWrite(GCOMM_LOG_WARN, comm, "dump", line);
+  }
+}
+
+/* After an error or an abort: every operation finishes as failed, and each transport stops
+ * whatever waits on its proxy. Returns whether anything was still active. */
+static int stopPass(gcommComm_t comm) {
+  int moved = comm->nActiveWorks > 0 || __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE);
+  gcommDrainAll(comm);
+  for (int i = 0; i < comm->nTransports; i++)
+    if (comm->transports[i]->stop) comm->transports[i]->stop(comm);
+  return moved;
+}
+
+/* A work failed with res: the communicator stops, every queue's state is logged. */
+static void workFailed(gcommComm_t comm, gcommResult_t res) {
+  gcommSetAsyncError(comm, res);
+  dumpState(comm, gcommGetErrorString(res)); /* where every queue stood */
+  /* a mismatch: slots this rank filled before it saw it still go out (the network's posting
+   * sends them for small slots), so that a peer on another node waiting on them sees the
+   * mismatch in their tag instead of waiting for its deadline */
+  int posted = 0;
+  for (int i = 0; i < comm->nTransports && res == gcommInvalidUsage; i++)
+    if (comm->transports[i]->progress) (void)comm->transports[i]->progress(comm, &posted);
+  gcommDrainAll(comm);
+}
+
+/* Every queue's head work runs its ready steps; a finished work makes way for the next. Returns
+ * -1 when a work failed (the communicator has stopped), else whether anything moved. */
+static int runQueues(gcommComm_t comm) {
+  int moved = 0;
+  for (int q = 0; q < comm->nQueues && comm->nActiveWorks > 0; q++) {
+    gcommWork_t* w;
+    while ((w = comm->queues[q].head) != NULL) {
+      gcommResult_t res = gcommSuccess;
+      if (w->step == 0 && !gcommWorkMayStart(comm, w)) break;
+      int ran = gcommWorkAdvance(comm, w, &res);
+      if (ran < 0) {
+        workFailed(comm, res);
+        return -1;
+      }
+      moved |= ran > 0;
+      if (w->step < w->nSteps) break;
+      comm->queues[q].head = w->next;
+      if (w->next == NULL) comm->queues[q].tail = NULL;
+      workFinished(comm, w);
+      moved = 1;
+    }
+  }
+  return moved;
+}
+
+/* One pass: every queue's head work runs its ready steps, then every transport's proxy (the
+ * network's: slots just filled go out, arrived ones are handed to the executor; the copy
+ * engines': staging slots the kernels filled go to the local peers' FIFOs). Returns whether
+ * anything moved. Only one thread at a time runs a pass (comm->progressLock). */
+int gcommProgressPass(gcommComm_t comm) {
+  comm->passes++;
+  if (comm->dumpSeen != (uint64_t)dumpRequests) {
+    comm->dumpSeen = (uint64_t)dumpRequests;
+    dumpState(comm, "GCOMM_PROXY_DUMP_SIGNAL");
+  }
+  if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess)
+    return stopPass(comm);
+  if (comm->nActiveWorks == 0 || comm->passes % comm->params.appendFreq == 0)
+    fetchPosted(comm, comm->params.appendBatch);
+  int moved = runQueues(comm);
+  if (moved < 0) return 1;
+  for (int i = 0; i < comm->nTransports; i++) {
+    const gcommTransport_t* t = comm->transports[i];
+    gcommResult_t res = t->progress ? t->progress(comm, &moved) : gcommSuccess;
+    if (res != gcommSuccess) {
+      gcommSetAsyncError(comm, res); /* the next pass stops the rest (stopPass) */
+      gcommDrainAll(comm);
+      return 1;
+    }
+  }
+  return moved;
+}
+
+/* Data of finished operations still in a transport (withCredits: or what it owes peers besides
+ * data): the engine keeps running for them after every operation has finished. gcommWait waits
+ * for the data, which may read the caller's memory, but not for the credits: they only tell a
+ * peer about receives posted ahead for later operations, and a peer that has destroyed its
+ * communicator never takes them (a wait for one hung). */
+static int transportsPending(gcommComm_t comm, int withCredits) {
+  int pending = 0;
+  for (int i = 0; i < comm->nTransports && !pending; i++)
+    if (comm->transports[i]->pending) pending = comm->transports[i]->pending(comm, withCredits);
+  return pending;
+}
+
+/* Whether a transport may be moving data for this communicator only while polled (works
+ * active on a provider that progresses when polled, or a GPU communicator's kernels waiting on
+ * proxied FIFOs): the engine yields the core then, but never naps. Every transport is asked (a
+ * GPU's answer notes when its kernels last waited). Run under progressLock. */
+static int transportsMustPoll(gcommComm_t comm) {
+  int poll = 0;
+  for (int i = 0; i < comm->nTransports; i++)
+    if (comm->transports[i]->mustPoll) poll |= comm->transports[i]->mustPoll(comm);
+  return poll;
+}
+
+/* The host's waits: a few microseconds of spinning, naps of at most 1 ms (when mayNap). */
+static uint64_t hostBackoff(uint64_t* idleSince, int mayNap) {
+  return gcommBackoff(idleSince, 5, mayNap ? 1000 : 0);
+}
+
+static void* progressThread(void* arg) {
+  gcommComm_t comm = (gcommComm_t)arg;
+  uint64_t idleSince = 0;
+  for (int i = 0; i < comm->nTransports; i++)
+    if (comm->transports[i]->threadStart) comm->transports[i]->threadStart(comm);
+  pthread_mutex_lock(&comm->progressLock);
+  while (!__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
+    if (__atomic_load_n(&comm->drivers, __ATOMIC_ACQUIRE) > 0) {
+      /* A waiting thread runs the passes (gcommWait): stay off the cores while one does. Posts
+       * do not wake this sleep (a wait follows most posts, and a wake for each made small
+       * all-reduces 2-3 us slower); a driver that leaves work behind does, else it ends within
+       * 1 ms of the last driver leaving. */
+      pthread_mutex_unlock(&comm->progressLock);
+      pthread_mutex_lock(&comm->postLock);
+      comm->standby = 1;
+      while (__atomic_load_n(&comm->drivers, __ATOMIC_ACQUIRE) > 0 &&
+             !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
+        struct timespec ts = gcommDeadlineIn(1000000);
+        pthread_cond_timedwait(&comm->postCond, &comm->postLock, &ts);
+      }
+      comm->standby = 0;
+      pthread_mutex_unlock(&comm->postLock);
+      pthread_mutex_lock(&comm->progressLock);
+      idleSince = 0;
+      continue;
+    }
+    if (gcommProgressPass(comm)) {
+      idleSince = 0;
+      continue;
+    }
+    int mayNap = !transportsMustPoll(comm);
+    int nothingLeft =
+        mayNap && comm->nActiveWorks == 0 && !transportsPending(comm, 1); /* under lock */
+    pthread_mutex_unlock(&comm->progressLock);
+    /* waiting on peers: back off. Nothing at all to do for a while: sleep until a post (a GPU
+     * communicator's launch signals too, and kernels may start later, as graphs do: a GPU
+     * communicator with a proxy, network or copy engines, looks every millisecond). Where
+     * waiting threads drive (host communicators), this thread matters only for
+     * work nobody waits on, which a post wakes it for: it sleeps as soon as nothing is left
+     * instead of yielding for 1 ms, which took the core from whatever the caller did next. */
+    int idleUs = (int)hostBackoff(&idleSince, mayNap);
+    if ((idleUs > 1000 || waitersDrive(comm)) && nothingLeft) {
+      int timedOut = 0;
+      pthread_mutex_lock(&comm->postLock);
+      if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
+        /* wake now and then for dumps */
+        struct timespec ts = gcommDeadlineIn(hasGpuProxy(comm) ? 1000000 : 100 * 1000000);
+        void* ctrl = GCOMM_PROF_ON(comm, gcommProfileProxyCtrl)
+                         ? gcommProfCtrlStart(comm, gcommProfilerProxyCtrlSleep)
+                         : NULL;
+        timedOut = pthread_cond_timedwait(&comm->postCond, &comm->postLock, &ts) == ETIMEDOUT;
+        if (ctrl != NULL) gcommProfCtrlStop(comm, ctrl, gcommProfilerProxyCtrlWakeup, 0);
+      }
+      pthread_mutex_unlock(&comm->postLock);
+      if (!timedOut) idleSince = 0; /* woken: work may follow; else back to sleep after a pass */
+    }
+    pthread_mutex_lock(&comm->progressLock);
+  }
+  pthread_mutex_unlock(&comm->progressLock);
+  return NULL;
+}
+
+static gcommResult_t startThreadOnce(gcommComm_t comm) {
+  if (comm->params.proxyMode != GCOMM_PROXY_THREAD ||
+      __atomic_load_n(&comm->threadStarted, __ATOMIC_ACQUIRE)) /* posters may race: see below */
+    return gcommSuccess;
+  pthread_mutex_lock(&comm->postLock);
+  int err = 0;
+  if (!comm->threadStarted) {
+    err = pthread_create(&comm->thread, NULL, progressThread, comm);
+    if (err == 0) __atomic_store_n(&comm->threadStarted, 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&comm->postLock);
+  if (err != 0)
+    return GCOMM_ERROR(comm, gcommSystemError, -1, "cannot start the progress thread: %s",
+                       strerror(err));
+  return gcommSuccess;
+}
+
+/* A GPU communicator with a proxy (hasGpuProxy: ranks on other nodes, or copy engines): the
+ * FIFOs its kernels fill and drain move only while the progress thread runs (nobody calls
+ * gcommWait while stream-ordered kernels wait on them), so the thread starts with the
+ * communicator and runs until destroy: polling while kernels wait, sleeping (1 ms at a time) when
+ * nothing moves. Poll mode cannot drive such kernels: it warns and uses the thread. */
+gcommResult_t gcommStartGpuProxy(gcommComm_t comm) {
+  if (comm->params.proxyMode == GCOMM_PROXY_POLL) {
+    GCOMM_WARN(comm,
+               "GCOMM_PROXY_MODE=poll: a GPU communicator %s needs the progress thread to move "
+               "its FIFOs while kernels run: using it",
+               stagesNet(comm) ? "whose ranks span nodes" : "with copy engines");
+    comm->params.proxyMode = GCOMM_PROXY_THREAD;
+  }
+  return startThreadOnce(comm);
+}
+
+/* Hands a list of operations to the engine. */
+gcommResult_t gcommPostOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, int n) {
+  GCOMM_CHECK(startThreadOnce(comm));
+  pthread_mutex_lock(&comm->postLock);
+  __atomic_add_fetch(&comm->opsPosted, n, __ATOMIC_ACQ_REL);
+  comm->batches++;
+  for (gcommOp_t* op = head; op != NULL; op = op->next) op->batch = comm->batches;
+  if (comm->postedTail)
+    comm->postedTail->next = head;
+  else
+    __atomic_store_n(&comm->postedHead, head, __ATOMIC_RELEASE);
+  comm->postedTail = tail;
+  if (!comm->standby) pthread_cond_signal(&comm->postCond);
+  pthread_mutex_unlock(&comm->postLock);
+  return gcommSuccess;
+}
+
+/* GCOMM_PROXY_DUMP_SIGNAL: only a signal nothing else needs (SIGUSR1, SIGUSR2, real-time). Any
+ * other would take one from the program or the runtime: SIGSEGV's handler returning makes a
+ * crash loop forever, SIGINT's swallows Ctrl-C, SIGKILL cannot be caught. */
+void gcommInstallDumpSignal(gcommComm_t comm) {
+  int sig = (int)comm->params.dumpSignal;
+  if (sig != SIGUSR1 && sig != SIGUSR2 && (sig < SIGRTMIN || sig > SIGRTMAX)) {
+    GCOMM_WARN(comm,
+               "GCOMM_PROXY_DUMP_SIGNAL=%d is not SIGUSR1 (%d), SIGUSR2 (%d) or a real-time "
+               "signal (%d..%d): dumps on a signal are off",
+               sig, SIGUSR1, SIGUSR2, SIGRTMIN, SIGRTMAX);
+    return;
+  }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = dumpSignalHandler;
+  sa.sa_flags = SA_RESTART;
+  sigaction(sig, &sa, NULL);
+}
+
+int gcommAllDone(gcommComm_t comm, uint64_t target) {
+  return __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE) >= target && !transportsPending(comm, 0);
+}
+
+/* The result of finished work: the communicator's error if it stopped, else success. */
+gcommResult_t gcommFinalResult(gcommComm_t comm, const char* where) {
+  gcommResult_t res = (gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE);
+  if (res == gcommSuccess) return gcommSuccess;
+  if (res == gcommAborted)
+    return gcommSetError(comm, res, -1, where, "the communicator was aborted");
+  return res; /* the engine already recorded what, where and which peer */
+}
+
+static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int drive) {
+  uint64_t deadline = gcommNowNs() + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
+  uint64_t idleSince = 0;
+  while (!gcommAllDone(comm, target)) {
+    if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE))
+      return gcommFinalResult(comm, "gcommWait");
+    if (gcommNowNs() > deadline)
+      return gcommSetError(
+          comm, gcommTimeout, -1, "gcommWait",
+          "%llu operations still outstanding after GCOMM_TIMEOUT_MS=%lld",
+          (unsigned long long)(target - __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE)),
+          (long long)comm->params.timeoutMs);
+    if (poll || (drive && pthread_mutex_trylock(&comm->progressLock) == 0)) {
+      if (poll) pthread_mutex_lock(&comm->progressLock);
+      int moved = gcommProgressPass(comm), mayNap = !transportsMustPoll(comm);
+      pthread_mutex_unlock(&comm->progressLock);
+      if (moved)
+        idleSince = 0;
+      else
+        hostBackoff(&idleSince, mayNap);
+    } else if (hostBackoff(&idleSince, 1) > 1000) {
+      /* long waits sleep until the engine finishes something (or 1 ms, to see aborts) */
+      struct timespec ts = gcommDeadlineIn(1000000);
+      pthread_mutex_lock(&comm->doneLock);
+      __atomic_add_fetch(&comm->waiters, 1, __ATOMIC_SEQ_CST);
+      if (!gcommAllDone(comm, target) && !__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE))
+        pthread_cond_timedwait(&comm->doneCond, &comm->doneLock, &ts);
+      __atomic_sub_fetch(&comm->waiters, 1, __ATOMIC_SEQ_CST);
+      pthread_mutex_unlock(&comm->doneLock);
+    }
+  }
+  return gcommFinalResult(comm, "gcommWait");
+}
+
+gcommResult_t gcommHostWait(gcommComm_t comm) {
+  uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
+  int poll = comm->params.proxyMode == GCOMM_PROXY_POLL;
+  /* A waiting thread runs the passes itself, as in poll mode, and the engine thread sleeps
+   * meanwhile: no hand-off from one thread to the other on the critical path (small all-reduces
+   * over tcp: 12 against 40-60 us; in a node on 2 cores: 3 against 16 us), and no second thread
+   * taking turns on the lock and the cores (each of its waits on the lock cost a futex wake:
+   * docs/PERF.md). The engine thread serves work posted while nobody waits. */
+  int drive = !poll && waitersDrive(comm);
+  if (drive) __atomic_add_fetch(&comm->drivers, 1, __ATOMIC_SEQ_CST);
+  gcommResult_t res = waitDone(comm, target, poll, drive);
+  if (drive && __atomic_sub_fetch(&comm->drivers, 1, __ATOMIC_SEQ_CST) == 0 &&
+      !gcommAllDone(comm, __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE))) {
+    pthread_mutex_lock(&comm->postLock); /* the engine thread takes over what is left */
+    pthread_cond_broadcast(&comm->postCond);
+    pthread_mutex_unlock(&comm->postLock);
+  }
+  return res;
+}

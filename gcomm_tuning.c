@@ -1,0 +1,187 @@
+/*
+ * gcomm_tuning.c - the cost model: time = hops * alpha + bytes * dataFactor / bandwidth, per
+ * algorithm; it picks each call's algorithm, protocol and channel count.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+
+#include "gcomm_core.h"
+
+/* Measured on host shared memory (docs/PERF.md): a hop is one FIFO slot handed from one rank
+ * to the next; bandwidth is what one rank's copy/reduce loops move. */
+#define HOST_ALPHA_US 2.0
+#define HOST_BW_BYTES_PER_US 4000.0
+#define NET_ONESHOT_MAX_BYTES (256u << 10)
+
+static int log2Up(int n) {
+  int l = 0;
+  while ((1 << l) < n) l++;
+  return l;
+}
+
+/* An algorithm's two cost terms: FIFO hops one after another, and bytes each rank moves per byte
+ * of `bytes`, the size nccl-tests reports (the whole buffer; AllGather: the output;
+ * ReduceScatter: the input). Returns 0 when func has no such algorithm. */
+static int costTerms(int func, int algo, int n, double* hops, double* data) {
+  if (gcommSchedAlgo(func, algo) != algo) return 0;
+  switch (func) {
+    case gcommFuncAllReduce:
+      *hops = algo == gcommAlgoRing ? 2 * (n - 1) : algo == gcommAlgoTree ? 2 * log2Up(n) : 2;
+      *data = algo == gcommAlgoRing || algo == gcommAlgoTwoShot ? 4.0 * (n - 1) / n
+              : algo == gcommAlgoTree                           ? 4
+                                                                : 2.0 * (n - 1);
+      break;
+    case gcommFuncBroadcast:
+    case gcommFuncReduce:
+      *hops = algo == gcommAlgoRing ? n - 1 : algo == gcommAlgoTree ? log2Up(n) : 1;
+      *data = algo == gcommAlgoRing ? 2 : algo == gcommAlgoTree ? 3 : n - 1;
+      break;
+    case gcommFuncAllGather:
+    case gcommFuncReduceScatter:
+      *hops = algo == gcommAlgoRing ? n - 1 : 1;
+      *data = (algo == gcommAlgoRing ? 2.0 : 3.0) * (n - 1) / n;
+      break;
+    default:
+      *hops = 1, *data = 2.0 * (n - 1) / n;
+  }
+  if (n == 1) *hops = 0, *data = 1;
+  return 1;
+}
+
+static double predictUs(int func, int algo, int n, double bytes) {
+  double hops, data;
+  if (!costTerms(func, algo, n, &hops, &data)) return -1;
+  return hops * HOST_ALPHA_US + bytes * data / HOST_BW_BYTES_PER_US;
+}
+
+#ifdef GCOMM_GPU
+/* GPU communicators, per protocol, fitted to GCOMM_PROTO-forced sweeps on 2 H200s over NVLink
+ * (docs/PERF.md): the cost of one FIFO hop (launch included), what one block (a channel) moves
+ * per microsecond, and the link's cap. LL saves ~2 us a hop (its launches run the LL-only kernel,
+ * which spills nothing) but moves data at a fraction of Simple's rate (half of every line is
+ * flags), so it pays up to ~128-256 KB (a GCOMM_PROTO-forced sweep). */
+static const struct {
+  double hopUs, blockBytesPerUs, linkBytesPerUs;
+} gpuCost[gcommNumProtos] = {
+    {5.9, 20000, 340000}, /* Simple: payload, one release per post */
+    {3.9, 11000, 120000}, /* LL: flags in the data; its kernel spills nothing */
+};
+
+static double predictGpuUs(int func, int algo, int proto, int n, double bytes, int nch) {
+  double hops, data;
+  if (!costTerms(func, algo, n, &hops, &data)) return -1;
+  double bw = nch * gpuCost[proto].blockBytesPerUs;
+  if (bw > gpuCost[proto].linkBytesPerUs) bw = gpuCost[proto].linkBytesPerUs;
+  return hops * gpuCost[proto].hopUs + bytes * data / bw;
+}
+#endif
+
+int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
+  if (comm->params.algo >= 0) return gcommSchedAlgo(func, comm->params.algo);
+#ifdef GCOMM_GPU
+  /* GPUs (measured on 2 H200s, docs/PERF.md): the one-shot all-reduce (one hop) wins while each
+   * rank's (n-1) copies stay small; elsewhere the ring. */
+  if (comm->device >= 0) {
+    int small = func == gcommFuncAllReduce && bytes * (size_t)(comm->nranks - 1) <= (2u << 20);
+    return gcommSchedAlgo(func, small ? gcommAlgoDirect : gcommAlgoRing);
+  }
+#endif
+  /* Between nodes (libfabric tcp, docs/PERF.md) the one-shot all-reduce takes one network hop
+   * against the ring's 2(n-1), and wins while each rank's (n-1) copies stay small; larger, its
+   * chunks go one at a time (each sent, then the peer's awaited and reduced) and the ring, which
+   * moves half as much through each rank's copy loops, is faster (measured: even at 256 KB on
+   * 2 ranks, ahead below, behind from 1 MB). */
+  if (comm->nLocal < comm->nranks && func == gcommFuncAllReduce)
+    return bytes * (size_t)(comm->nranks - 1) <= NET_ONESHOT_MAX_BYTES ? gcommAlgoDirect
+                                                                       : gcommAlgoRing;
+  int best = gcommSchedAlgo(func, gcommAlgoRing);
+  double bestUs = predictUs(func, best, comm->nranks, (double)bytes);
+  for (int a = 0; a < gcommNumAlgos; a++) {
+    double us = predictUs(func, a, comm->nranks, (double)bytes);
+    /* two-shot only when forced (GCOMM_ALGO=twoshot) until it is measured */
+    if (us >= 0 && us < bestUs && a != gcommAlgoTwoShot) best = a, bestUs = us;
+  }
+  return best;
+}
+
+/* Channels pay off once each gets a few slots of data: one per perChannel bytes, at most the
+ * collective channels (or the point-to-point channels for a Send/Recv). For a Send/Recv, bytes is
+ * count * type size: sender and receiver derive the same number, so their slices meet on the
+ * same lanes. */
+int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto) {
+  int isP2p = func == gcommFuncSend || func == gcommFuncRecv;
+  size_t maxCh = (size_t)(isP2p ? comm->nP2pChannels : comm->nChannels);
+  size_t nc = bytes / (4 * comm->slotBytes);
+#ifdef GCOMM_GPU
+  /* a block per channel: up to 32 from 32 KB each; beyond 32 only once each gets 128 KB, beyond
+   * 64 once each gets 512 KB, a slot (more blocks made 2 MB slower and 16 MB+ faster: docs/PERF.md)
+   */
+  if (comm->device >= 0) {
+    size_t few = bytes / (32 * 1024), many = bytes / (128 * 1024), most = bytes / (512 * 1024);
+    nc = most > 64 ? most : many > 64 ? 64 : many > 32 ? many : few < 32 ? few : 32;
+    /* LL: a block moves ~11 GB/s of payload (half of each line is flags), so an LL operation
+     * spreads from 8 KB a channel; up to GCOMM_DEV_SMALL_WORKS of them, which one small launch
+     * carries (16 or 32 LL channels, a large launch, made 128 KB slower: docs/PERF.md) */
+    if (proto == gcommProtoLL) {
+      /* a Send/Recv takes half: the usual group of one send and one receive fits one small launch
+       */
+      size_t cap = isP2p ? GCOMM_DEV_SMALL_WORKS / 2 : GCOMM_DEV_SMALL_WORKS;
+      nc = bytes / (8 * 1024) < cap ? bytes / (8 * 1024) : cap;
+    }
+  }
+#else
+  (void)proto;
+#endif
+  return nc < 1 ? 1 : nc > maxCh ? (int)maxCh : (int)nc;
+}
+
+/* Host communicators always use Simple; GPU communicators the faster by the model, except with a
+ * proxy (between nodes, copy engines): LL's flags travel in the data, which the proxy moves keyed
+ * on a tail LL does not publish (a forced GCOMM_PROTO=ll warned at init). */
+int gcommChooseProto(gcommComm_t comm, int func, int algo, size_t bytes) {
+  if (comm->device < 0 || spansNodes(comm) || copiesByEngine(comm)) return gcommProtoSimple;
+  if (comm->params.proto >= 0) return comm->params.proto;
+#ifdef GCOMM_GPU
+  double us[gcommNumProtos];
+  for (int p = 0; p < gcommNumProtos; p++)
+    us[p] = predictGpuUs(func, algo, p, comm->nranks, (double)bytes,
+                         gcommChooseChannels(comm, func, bytes, p));
+  if (us[gcommProtoLL] < us[gcommProtoSimple]) return gcommProtoLL;
+#else
+  (void)func, (void)algo, (void)bytes;
+#endif
+  return gcommProtoSimple;
+}
+
+void gcommTuningPrint(gcommComm_t comm) {
+  if (comm->rank != 0 || !gcommLogEnabled(GCOMM_LOG_INFO, GCOMM_SUBSYS_TUNING)) return;
+  for (int f = 0; f <= gcommFuncReduceScatter; f++) {
+    for (double bytes = comm->device >= 0 ? 8 : 1024; bytes <= 1024.0 * 1024 * 1024; bytes *= 8) {
+      char line[512];
+      int len = 0;
+      size_t b = (size_t)bytes;
+      int algo = gcommChooseAlgo(comm, f, b), proto = gcommChooseProto(comm, f, algo, b);
+      int nch = gcommChooseChannels(comm, f, b, proto);
+      for (int a = 0; a < gcommNumAlgos && len < (int)sizeof(line) - 64; a++) {
+#ifdef GCOMM_GPU
+        if (comm->device >= 0) {
+          for (int p = 0; p < gcommNumProtos; p++) {
+            double us =
+                predictGpuUs(f, a, p, comm->nranks, bytes, gcommChooseChannels(comm, f, b, p));
+            if (us >= 0)
+              len += snprintf(line + len, sizeof(line) - len, " %s/%s %.1f", gcommAlgoNames[a],
+                              gcommProtoNames[p], us);
+          }
+          continue;
+        }
+#endif
+        double us = predictUs(f, a, comm->nranks, bytes);
+        if (us >= 0)
+          len += snprintf(line + len, sizeof(line) - len, " %s %.1f", gcommAlgoNames[a], us);
+      }
+      GCOMM_INFO(GCOMM_SUBSYS_TUNING, comm, "%-13s %10.0f B: %s/%s, %d channel(s) (model, us:%s)",
+                 gcommFuncNames[f], bytes, gcommAlgoNames[algo], gcommProtoNames[proto], nch, line);
+    }
+  }
+}
