@@ -15,8 +15,9 @@ static __thread gcommComm_t groupComms; /* communicators with operations held by
 
 /* Splits a checked operation into its works: one per channel, each a contiguous slice
  * (chanOff, chanCount). Collectives use the collective channels; a Send/Recv uses the
- * point-to-point channels, as many as its byte count gives (the same on both sides). */
-static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
+ * point-to-point channels, as many as its byte count gives (the same on both sides), at most
+ * maxChannels when that is not 0. */
+static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int maxChannels) {
   int n = comm->nranks, isP2p = args->func == gcommFuncSend || args->func == gcommFuncRecv;
   size_t esz = gcommTypeSize(args->datatype);
   /* the size every rank agrees on (nccl-tests' size), so that all ranks choose alike */
@@ -24,6 +25,7 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args) {
   int algo = isP2p ? gcommAlgoDirect : gcommChooseAlgo(comm, args->func, bytes);
   int proto = gcommChooseProto(comm, args->func, algo, bytes);
   int nch = gcommChooseChannels(comm, args->func, bytes, proto);
+  if (maxChannels > 0 && nch > maxChannels) nch = maxChannels;
   gcommOp_t* op = calloc(1, sizeof(gcommOp_t) + nch * sizeof(gcommWork_t));
   if (op == NULL) return NULL;
   *op = *args;
@@ -142,7 +144,7 @@ gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stre
                            const char* where) {
   GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
   GCOMM_CHECK(gcommCheckArgs(comm, args, where));
-  gcommOp_t* op = buildOp(comm, args);
+  gcommOp_t* op = buildOp(comm, args, 0);
   if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
   traceOp(comm, op);
   if (op->nWorks == 0) { /* nothing to move (count 0): complete at once */
@@ -164,10 +166,15 @@ gcommResult_t gcommEnqueueParts(gcommComm_t comm, gcommOp_t* parts, int n, int f
   GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
   for (int i = 0; i < n; i++) GCOMM_CHECK(gcommCheckArgs(comm, &parts[i], where));
   uint64_t seq = __atomic_fetch_add(&comm->collSeq, 1, __ATOMIC_RELAXED);
+  /* on a GPU, every part of the call in one launch: a vector collective has at most 2 parts a
+   * rank (its own block's included), and every rank caps them alike, so that the two ends of a
+   * part still choose the same channels */
+  int maxChannels = comm->device >= 0 ? comm->blockBudget / (2 * comm->nranks) : 0;
+  if (comm->device >= 0 && maxChannels < 1) maxChannels = 1;
   gcommOp_t *head = NULL, *tail = NULL;
   int count = 0;
   for (int i = 0; i < n; i++) {
-    gcommOp_t* op = buildOp(comm, &parts[i]);
+    gcommOp_t* op = buildOp(comm, &parts[i], maxChannels);
     if (op == NULL) {
       freeOps(head);
       return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");

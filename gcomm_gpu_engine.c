@@ -226,10 +226,11 @@ gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* s
     int opened = k > 0 && d->order[k - 1]->queue == wk->queue && a->nWorks > 0;
     if (a->nWorks == GCOMM_DEV_MAX_WORKS || (!opened && a->nBlocks == GCOMM_DEV_MAX_WORKS)) {
       /* too many for one launch: launch what we have; queues stay ordered on the stream */
-      GCOMM_WARN(comm,
-                 "a group of more than %d works is split into several launches: "
-                 "point-to-point inside it may deadlock",
-                 GCOMM_DEV_MAX_WORKS);
+      if (!d->warnedSplit && (d->warnedSplit = 1))
+        GCOMM_WARN(comm,
+                   "a group of more than %d works is split into several launches: "
+                   "point-to-point inside it may deadlock (said once a communicator)",
+                   GCOMM_DEV_MAX_WORKS);
       res = launchBatch(comm, a, stream);
       if (res != gcommSuccess) break;
       a->nBlocks = a->nWorks = 0;

@@ -53,6 +53,7 @@ struct gcommDev {
   struct gcommDevProf* prof;
   const gcommWork_t** order; /* gcommDeviceLaunch: the works of a launch by queue */
   int orderCap;
+  int warnedSplit; /* the split of a group too large for one launch was said once */
   /* gcommDeviceBadPointer: the latest buffers found in GPU memory */
   const void* knownPointers[GPU_POINTERS_KNOWN];
   unsigned knownNext;
