@@ -481,8 +481,7 @@ GCOMM_HD void gcommStepReduceChain(const gcommSched_t* s, gcommStep_t* st) {
 /* Direct Reduce: every other rank sends its input to the root. The root copies its own input to
  * its output (t = 0), then combines into it what rank root+t sent, t = 1 .. n-1 (the
  * post-operation at the last). */
-GCOMM_HD void gcommStepReduceDirect(const gcommSched_t* s, const gcommRound_t* q,
-                                    gcommStep_t* st) {
+GCOMM_HD void gcommStepReduceDirect(const gcommSched_t* s, const gcommRound_t* q, gcommStep_t* st) {
   int r = s->rank;
   long t = q->t;
   if (r != s->root) {
