@@ -23,10 +23,7 @@
 #include "gcomm_device.h"
 #include "gcomm_gpu.h" /* CUDA or HIP (gcomm_kernels.hip compiles this file with hipcc) */
 #include "gcomm_reduce.h"
-
-/* gcomm.h needs <mpi.h>, which nvcc may not find: the few values used here, as gcomm.h has them */
-enum { gcommSum = 0, gcommProd = 1, gcommMax = 2, gcommMin = 3, gcommAvg = 4 };
-enum { gcommInvalidUsage = 2, gcommTimeout = 7, gcommAborted = 8 };
+#include "gcomm_types.h" /* gcomm.h's results, datatypes and operators, without <mpi.h> */
 
 /* ---- memory-model helpers (gcomm_gpu.h: PTX on CUDA, HIP atomics on ROCm) ---- */
 #define ldAcquire gcommGpuLdAcquire
