@@ -30,167 +30,10 @@
 #define stRelease gcommGpuStRelease
 #define globalTimer gcommGpuTimerNs
 
-/* ---- element types and operators (gcomm_reduce.h semantics) ---- */
-enum { K_INT, K_FLT, K_HALF, K_BF16, K_E4M3, K_E5M2 };
+/* ---- element types and operators: gcomm_reduce.h's gcommElem<datatype> (the host executor's
+ * too), T its element type ---- */
 template <int DT>
-struct Dt;
-template <>
-struct Dt<0> {
-  typedef int8_t S;
-  typedef uint8_t U;
-  enum { K = K_INT };
-};
-template <>
-struct Dt<1> {
-  typedef uint8_t S;
-  typedef uint8_t U;
-  enum { K = K_INT };
-};
-template <>
-struct Dt<2> {
-  typedef int32_t S;
-  typedef uint32_t U;
-  enum { K = K_INT };
-};
-template <>
-struct Dt<3> {
-  typedef uint32_t S;
-  typedef uint32_t U;
-  enum { K = K_INT };
-};
-template <>
-struct Dt<4> {
-  typedef int64_t S;
-  typedef uint64_t U;
-  enum { K = K_INT };
-};
-template <>
-struct Dt<5> {
-  typedef uint64_t S;
-  typedef uint64_t U;
-  enum { K = K_INT };
-};
-template <>
-struct Dt<6> {
-  typedef uint16_t S;
-  typedef uint16_t U;
-  enum { K = K_HALF };
-};
-template <>
-struct Dt<7> {
-  typedef float S;
-  typedef float U;
-  enum { K = K_FLT };
-};
-template <>
-struct Dt<8> {
-  typedef double S;
-  typedef double U;
-  enum { K = K_FLT };
-};
-template <>
-struct Dt<9> {
-  typedef uint16_t S;
-  typedef uint16_t U;
-  enum { K = K_BF16 };
-};
-template <>
-struct Dt<10> {
-  typedef uint8_t S;
-  typedef uint8_t U;
-  enum { K = K_E4M3 };
-};
-template <>
-struct Dt<11> {
-  typedef uint8_t S;
-  typedef uint8_t U;
-  enum { K = K_E5M2 };
-};
-
-/* The narrow floats' conversions (gcomm_gpu.h: the GPU's own where it has them). */
-template <int K, typename T>
-static __device__ __forceinline__ float toF(T h) {
-  if constexpr (K == K_HALF)
-    return gcommGpuHalfToF(h);
-  else if constexpr (K == K_BF16)
-    return gcommGpuBf16ToF(h);
-  else
-    return gcommGpuFp8ToF(h, K == K_E5M2);
-}
-template <int K>
-static __device__ __forceinline__ auto fromF(float f) {
-  if constexpr (K == K_HALF)
-    return gcommGpuFToHalf(f);
-  else if constexpr (K == K_BF16)
-    return gcommGpuFToBf16(f);
-  else
-    return gcommGpuFToFp8(f, K == K_E5M2);
-}
-
-template <int DT, int OP>
-static __device__ __forceinline__ typename Dt<DT>::S red(typename Dt<DT>::S A,
-                                                         typename Dt<DT>::S B) {
-  typedef typename Dt<DT>::S T;
-  typedef typename Dt<DT>::U U;
-  if constexpr (Dt<DT>::K == K_INT) {
-    if constexpr (OP == gcommProd)
-      return (T)((U)A * (U)B);
-    else if constexpr (OP == gcommMax)
-      return A > B ? A : B;
-    else if constexpr (OP == gcommMin)
-      return A < B ? A : B;
-    else
-      return (T)((U)A + (U)B);
-  } else if constexpr (Dt<DT>::K == K_FLT) {
-    if constexpr (OP == gcommProd)
-      return A * B;
-    else if constexpr (OP == gcommMax)
-      return A > B ? A : B;
-    else if constexpr (OP == gcommMin)
-      return A < B ? A : B;
-    else
-      return A + B;
-  } else {
-    constexpr int K = Dt<DT>::K;
-    if constexpr (OP == gcommProd)
-      return fromF<K>(toF<K>(A) * toF<K>(B));
-    else if constexpr (OP == gcommMax)
-      return toF<K>(A) > toF<K>(B) ? A : B;
-    else if constexpr (OP == gcommMin)
-      return toF<K>(A) < toF<K>(B) ? A : B;
-    else
-      return fromF<K>(toF<K>(A) + toF<K>(B));
-  }
-}
-
-/* PreMulSum's pre-operation: A times the scalar, rounded to the type. Float and double multiply
- * with an explicit rounding, so that the compiler cannot fuse the product into the sum that
- * follows (the host executor rounds it too); a narrow float's product is exact in float. */
-template <int DT>
-static __device__ __forceinline__ typename Dt<DT>::S preMul(typename Dt<DT>::S A,
-                                                            typename Dt<DT>::S scalar) {
-  typedef typename Dt<DT>::S T;
-  typedef typename Dt<DT>::U U;
-  if constexpr (Dt<DT>::K == K_INT)
-    return (T)((U)A * (U)scalar);
-  else if constexpr (Dt<DT>::K == K_FLT && sizeof(T) == 4)
-    return __fmul_rn(A, scalar);
-  else if constexpr (Dt<DT>::K == K_FLT)
-    return __dmul_rn(A, scalar);
-  else
-    return fromF<Dt<DT>::K>(toF<Dt<DT>::K>(A) * toF<Dt<DT>::K>(scalar));
-}
-
-template <int DT>
-static __device__ __forceinline__ typename Dt<DT>::S divide(typename Dt<DT>::S A, int n) {
-  typedef typename Dt<DT>::S T;
-  if constexpr (Dt<DT>::K == K_INT)
-    return (T)(A / (T)n);
-  else if constexpr (Dt<DT>::K == K_FLT)
-    return A / (T)n;
-  else
-    return fromF<Dt<DT>::K>(toF<Dt<DT>::K>(A) / (float)n);
-}
+using Elem = typename gcommElem<DT>::T;
 
 /* ---- the data of one step ---- */
 struct StepIo {
@@ -282,10 +125,10 @@ static __device__ __noinline__ void copyStep(const StepIo& io, size_t esz) {
 
 /* The scalar of io, typed. */
 template <int DT>
-static __device__ __forceinline__ typename Dt<DT>::S scalarOf(const StepIo& io) {
+static __device__ __forceinline__ Elem<DT> scalarOf(const StepIo& io) {
   union {
     uint64_t u;
-    typename Dt<DT>::S t;
+    Elem<DT> t;
   } s;
   s.u = io.scalar;
   return s.t;
@@ -296,16 +139,16 @@ static __device__ __forceinline__ typename Dt<DT>::S scalarOf(const StepIo& io) 
  * than one of its own for every datatype and protocol (the kernels' code, and their compile time,
  * would grow by a fifth). */
 template <int DT, int OP>
-static __device__ __forceinline__ typename Dt<DT>::S srcElem(const StepIo& io, size_t i) {
-  typename Dt<DT>::S x = ((const typename Dt<DT>::S*)io.src)[i];
+static __device__ __forceinline__ Elem<DT> srcElem(const StepIo& io, size_t i) {
+  Elem<DT> x = ((const Elem<DT>*)io.src)[i];
   if constexpr (OP == gcommSum)
-    if (io.scale) x = preMul<DT>(x, scalarOf<DT>(io));
+    if (io.scale) x = gcommElem<DT>::preMul(x, scalarOf<DT>(io));
   return x;
 }
 
 template <int DT, int OP>
-static __device__ __forceinline__ typename Dt<DT>::S elem(const StepIo& io, size_t i) {
-  typedef typename Dt<DT>::S T;
+static __device__ __forceinline__ Elem<DT> elem(const StepIo& io, size_t i) {
+  typedef Elem<DT> T;
   T v;
   if (io.in[0] == NULL) {
     v = srcElem<DT, OP>(io, i);
@@ -313,10 +156,10 @@ static __device__ __forceinline__ typename Dt<DT>::S elem(const StepIo& io, size
     v = ((const volatile T*)io.in[0])[i];
   } else { /* src op in0 [op in1], or in0 op in1 without a local operand */
     v = ((const volatile T*)io.in[0])[i];
-    if (io.src) v = red<DT, OP>(srcElem<DT, OP>(io, i), v);
-    if (io.in[1]) v = red<DT, OP>(v, ((const volatile T*)io.in[1])[i]);
+    if (io.src) v = gcommElem<DT>::reduce(OP, srcElem<DT, OP>(io, i), v);
+    if (io.in[1]) v = gcommElem<DT>::reduce(OP, v, ((const volatile T*)io.in[1])[i]);
   }
-  if (io.div) v = divide<DT>(v, io.nranks);
+  if (io.div) v = gcommElem<DT>::divide(v, io.nranks);
   return v;
 }
 
@@ -324,26 +167,26 @@ static __device__ __forceinline__ typename Dt<DT>::S elem(const StepIo& io, size
 template <int DT, int OP, typename Pack>
 static __device__ __forceinline__ Pack packValue(const StepIo& io, Pack x, const Pack& y,
                                                  const Pack& z) {
-  constexpr int N = 16 / sizeof(typename Dt<DT>::S);
+  constexpr int N = 16 / sizeof(Elem<DT>);
   if constexpr (OP == gcommSum)
     if (io.scale)
 #pragma unroll
-      for (int e = 0; e < N; e++) x.e[e] = preMul<DT>(x.e[e], scalarOf<DT>(io));
+      for (int e = 0; e < N; e++) x.e[e] = gcommElem<DT>::preMul(x.e[e], scalarOf<DT>(io));
   if (io.in[0] == NULL) return x;
   if (!io.reduce) return y;
   Pack v = y; /* src op in0 [op in1], or in0 op in1 without a local operand */
   if (io.src)
 #pragma unroll
-    for (int e = 0; e < N; e++) v.e[e] = red<DT, OP>(x.e[e], y.e[e]);
+    for (int e = 0; e < N; e++) v.e[e] = gcommElem<DT>::reduce(OP, x.e[e], y.e[e]);
   if (io.in[1])
 #pragma unroll
-    for (int e = 0; e < N; e++) v.e[e] = red<DT, OP>(v.e[e], z.e[e]);
+    for (int e = 0; e < N; e++) v.e[e] = gcommElem<DT>::reduce(OP, v.e[e], z.e[e]);
   return v;
 }
 
 template <int DT, int OP>
 static __device__ __noinline__ void reduceStep(const StepIo& io) {
-  typedef typename Dt<DT>::S T;
+  typedef Elem<DT> T;
   constexpr int N = 16 / sizeof(T);
   union Pack {
     uint4 v;
@@ -446,7 +289,7 @@ static __device__ __forceinline__ void llWrite(uint4* p, uint64_t data, uint32_t
  * operation those cost more than the data (PERF.md, "Where gcomm is behind, and why"). */
 template <int DT, int OP>
 static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w) {
-  typedef typename Dt<DT>::S T;
+  typedef Elem<DT> T;
   constexpr int E = 8 / sizeof(T);
   union Line {
     uint64_t u;
@@ -469,7 +312,7 @@ static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w)
       if constexpr (OP == gcommSum)
         if (io.scale)
 #pragma unroll
-          for (int e = 0; e < E; e++) v.e[e] = preMul<DT>(v.e[e], scalarOf<DT>(io));
+          for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::preMul(v.e[e], scalarOf<DT>(io));
     }
     if (io.in[0]) {
       x.u = llRead((const uint4*)io.in[0] + j, io.flagIn[0], w, io.inPeer[0]);
@@ -477,17 +320,17 @@ static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w)
         v.u = x.u;
       } else {
 #pragma unroll
-        for (int e = 0; e < E; e++) v.e[e] = red<DT, OP>(v.e[e], x.e[e]);
+        for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::reduce(OP, v.e[e], x.e[e]);
       }
       if (io.reduce && io.in[1]) {
         x.u = llRead((const uint4*)io.in[1] + j, io.flagIn[1], w, io.inPeer[1]);
 #pragma unroll
-        for (int e = 0; e < E; e++) v.e[e] = red<DT, OP>(v.e[e], x.e[e]);
+        for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::reduce(OP, v.e[e], x.e[e]);
       }
     }
     if (io.div)
 #pragma unroll
-      for (int e = 0; e < E; e++) v.e[e] = divide<DT>(v.e[e], io.nranks);
+      for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::divide(v.e[e], io.nranks);
     if (dst) {
       if (dstWhole && ne == E)
         *(uint64_t*)(dst + e0) = v.u;
@@ -522,41 +365,41 @@ template <bool LL>
 static __device__ __forceinline__ void dataStepT(const StepIo& io, int datatype, int op,
                                                  const LlWait& w) {
   switch (datatype) {
-    case 0:
-      stepT<LL, 0>(io, op, w);
+    case gcommInt8:
+      stepT<LL, gcommInt8>(io, op, w);
       break;
-    case 1:
-      stepT<LL, 1>(io, op, w);
+    case gcommUint8:
+      stepT<LL, gcommUint8>(io, op, w);
       break;
-    case 2:
-      stepT<LL, 2>(io, op, w);
+    case gcommInt32:
+      stepT<LL, gcommInt32>(io, op, w);
       break;
-    case 3:
-      stepT<LL, 3>(io, op, w);
+    case gcommUint32:
+      stepT<LL, gcommUint32>(io, op, w);
       break;
-    case 4:
-      stepT<LL, 4>(io, op, w);
+    case gcommInt64:
+      stepT<LL, gcommInt64>(io, op, w);
       break;
-    case 5:
-      stepT<LL, 5>(io, op, w);
+    case gcommUint64:
+      stepT<LL, gcommUint64>(io, op, w);
       break;
-    case 6:
-      stepT<LL, 6>(io, op, w);
+    case gcommFloat16:
+      stepT<LL, gcommFloat16>(io, op, w);
       break;
-    case 7:
-      stepT<LL, 7>(io, op, w);
+    case gcommFloat32:
+      stepT<LL, gcommFloat32>(io, op, w);
       break;
-    case 8:
-      stepT<LL, 8>(io, op, w);
+    case gcommFloat64:
+      stepT<LL, gcommFloat64>(io, op, w);
       break;
-    case 9:
-      stepT<LL, 9>(io, op, w);
+    case gcommBfloat16:
+      stepT<LL, gcommBfloat16>(io, op, w);
       break;
-    case 10:
-      stepT<LL, 10>(io, op, w);
+    case gcommFloat8e4m3:
+      stepT<LL, gcommFloat8e4m3>(io, op, w);
       break;
     default:
-      stepT<LL, 11>(io, op, w);
+      stepT<LL, gcommFloat8e5m2>(io, op, w);
       break;
   }
 }
@@ -565,7 +408,8 @@ static __device__ __forceinline__ void llDataStep(const StepIo& io, int datatype
                                                   const LlWait& w) {
   /* copies move raw lines: the unsigned type of the element's size */
   int sz = gcommTypeSize(datatype);
-  if (!io.reduce && !io.div && !io.scale) datatype = sz == 1 ? 1 : sz == 2 ? 6 : sz == 4 ? 3 : 5;
+  if (!io.reduce && !io.div && !io.scale)
+    datatype = sz == 1 ? gcommUint8 : sz == 2 ? gcommFloat16 : sz == 4 ? gcommUint32 : gcommUint64;
   dataStepT<true>(io, datatype, op, w);
 }
 
