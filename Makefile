@@ -30,13 +30,15 @@ LDFLAGS += -fsanitize=thread
 endif
 
 # the core (gcomm.c: the API; gcomm_*.c: one concern each, docs/ARCHITECTURE.md) and the transports
-CORE_SRC = gcomm_params.c gcomm_wait.c gcomm_host_reduce.c gcomm_order.c gcomm_net_direct.c \
+CORE_SRC = gcomm_params.c gcomm_wait.c gcomm_order.c gcomm_net_direct.c \
            gcomm_executor.c gcomm_progress.c gcomm_profiler.c gcomm_tuning.c gcomm_args.c \
            gcomm_enqueue.c gcomm_bootstrap.c gcomm_vcoll.c
 LIB_SRC  = gcomm.c $(CORE_SRC) transports/shm.c
 # the GPU engine (CUDA=1 or HIP=1) and the IPC transport between a node's GPUs
 GPU_SRC  = gcomm_gpu_engine.c gcomm_gpu_copy.c gcomm_gpu_prof.c gcomm_gpu_net.c transports/p2p.c
-LIB_HDR  = gcomm.h gcomm_profiler.h gcomm_internal.h gcomm_core.h gcomm_gpu_engine.h gcomm_sched.h gcomm_reduce.h gcomm_device.h gcomm_gpu.h
+# the public headers (gcomm.h includes gcomm_types.h), then the internal ones
+PUB_HDR  = gcomm.h gcomm_types.h
+LIB_HDR  = $(PUB_HDR) gcomm_profiler.h gcomm_internal.h gcomm_core.h gcomm_gpu_engine.h gcomm_sched.h gcomm_reduce.h gcomm_device.h gcomm_gpu.h
 LIB_OBJ  = $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 
 ifeq ($(CUDA),1)
@@ -142,24 +144,24 @@ endif
 $(BUILD)/obj/examples/heat2d_gpu.o: examples/heat2d_gpu.cu examples/heat2d.h $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -DGCOMM_CUDA -c $< -o $@
-$(BUILD)/heat2d: examples/heat2d.c examples/heat2d.h $(HEAT_GPU) $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
+$(BUILD)/heat2d: examples/heat2d.c examples/heat2d.h $(HEAT_GPU) $(BUILD)/libgcomm.a $(PUB_HDR) $(CONFIG)
 	$(MPICC) $(CFLAGS) -o $@ $< $(HEAT_GPU) $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
 $(BUILD)/test/test_heat2d: test/test_heat2d.c examples/heat2d.c examples/heat2d.h $(HEAT_GPU) \
-                           $(BUILD)/libgcomm.a gcomm.h $(wildcard test/*.h) $(CONFIG)
+                           $(BUILD)/libgcomm.a $(PUB_HDR) $(wildcard test/*.h) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -o $@ $< $(HEAT_GPU) $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
 
-$(BUILD)/gcomm_perf: examples/gcomm_perf.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
+$(BUILD)/gcomm_perf: examples/gcomm_perf.c $(BUILD)/libgcomm.a $(PUB_HDR) $(CONFIG)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
-$(BUILD)/%: examples/%.c $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
+$(BUILD)/%: examples/%.c $(BUILD)/libgcomm.a $(PUB_HDR) $(CONFIG)
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
-$(BUILD)/examples/libgcomm-profiler-%.so: examples/profiler/%.c gcomm_profiler.h gcomm.h $(CONFIG)
+$(BUILD)/examples/libgcomm-profiler-%.so: examples/profiler/%.c gcomm_profiler.h $(PUB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
-$(BUILD)/test/plugins/libgcomm-profiler-%.so: test/plugins/%.c gcomm_profiler.h gcomm.h $(CONFIG)
+$(BUILD)/test/plugins/libgcomm-profiler-%.so: test/plugins/%.c gcomm_profiler.h $(PUB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
-$(BUILD)/test/%: test/%.c $(BUILD)/libgcomm.a gcomm.h $(wildcard test/*.h) $(CONFIG)
+$(BUILD)/test/%: test/%.c $(BUILD)/libgcomm.a $(PUB_HDR) $(wildcard test/*.h) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
 
@@ -205,7 +207,7 @@ clean:
 
 # GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1 NCCL_HOME=...]
 ifeq ($(CUDA),1)
-$(BUILD)/test/gpu/%: test/gpu/%.c test/gpu/gpucheck.h $(BUILD)/libgcomm.a gcomm.h $(CONFIG)
+$(BUILD)/test/gpu/%: test/gpu/%.c test/gpu/gpucheck.h $(BUILD)/libgcomm.a $(PUB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
 gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/test/gpu/test_gpu_stress $(BUILD)/gcomm_perf $(PLUGINS)
@@ -230,7 +232,7 @@ LIBDIR  ?= lib
 DESTDIR ?=
 # programs installed in bin/: append built ones here (INSTALL_BINS += $(BUILD)/gcomm_info)
 INSTALL_BINS = $(BUILD)/gcomm_perf $(wildcard $(BUILD)/gcomm_info) $(BUILD)/gcomm_schedule
-INSTALL_HDRS = gcomm.h gcomm_profiler.h
+INSTALL_HDRS = $(PUB_HDR) gcomm_profiler.h
 INSTALL_PLUGINS = $(patsubst examples/profiler/%.c,$(BUILD)/examples/libgcomm-profiler-%.so,$(wildcard examples/profiler/*.c))
 INSTALL_TOOLS = tools/gcomm_trace.py tools/hang_report.py tools/perf_table.py
 

@@ -97,15 +97,6 @@ void gcommLogWrite(int level, gcommComm_t comm, const char* where, const char* m
 const char* gcommThreadLastError(void);
 void gcommKeepThreadError(const char* msg);
 
-/* ---- Host reductions (gcomm_host_reduce.c) ---- */
-typedef void (*reduceFn_t)(void* dst, const void* a, const void* b, size_t n);
-typedef void (*divideFn_t)(void* buf, size_t n, int nranks);
-typedef void (*preMulFn_t)(void* dst, const void* a, size_t n, const void* scalar);
-/* [type][op]: Avg and PreMulSum reduce by Sum (their other parts: divide, preMul) */
-extern const reduceFn_t gcommReduceTable[gcommNumTypes][GCOMM_OP_PREMULSUM + 1];
-extern const divideFn_t gcommDivideTable[gcommNumTypes];
-extern const preMulFn_t gcommPreMulTable[gcommNumTypes];
-
 /* ---- gcomm_executor.c ---- */
 int gcommWorkAdvance(gcommComm_t comm, gcommWork_t* w, gcommResult_t* res);
 uint32_t gcommOpTag(const gcommOp_t* op);

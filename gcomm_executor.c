@@ -104,8 +104,8 @@ static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* 
                       char* const* in, int nIn, char* value) {
   size_t bytes = st->count * gcommTypeSize(op->datatype);
   if (stepScalesInput(op, st, nIn)) {
-    gcommPreMulTable[op->datatype](value, src, st->count,
-                                   op->scalarPtr ? op->scalarPtr : &op->scalar);
+    gcommPreMulArray(op->datatype, value, src, st->count,
+                     op->scalarPtr ? op->scalarPtr : &op->scalar);
     src = value;
   }
   if (nIn == 0) {
@@ -113,16 +113,16 @@ static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* 
   } else if (!st->reduce) {
     if (value != in[0]) memcpy(value, in[0], bytes); /* else received in place */
   } else {
-    reduceFn_t fn = gcommReduceTable[op->datatype][op->redop];
+    int t = op->datatype, o = op->redop;
     if (src != NULL) { /* src op in0 [op in1] */
-      fn(value, src, in[0], st->count);
-      if (nIn == 2) fn(value, value, in[1], st->count);
+      gcommReduceArray(t, o, value, src, in[0], st->count);
+      if (nIn == 2) gcommReduceArray(t, o, value, value, in[1], st->count);
     } else { /* no local operand: in0 op in1 */
-      fn(value, in[0], in[1], st->count);
+      gcommReduceArray(t, o, value, in[0], in[1], st->count);
     }
   }
   if (st->postOp && op->redop == gcommAvg)
-    gcommDivideTable[op->datatype](value, st->count, comm->nranks);
+    gcommDivideArray(op->datatype, value, st->count, comm->nranks);
 }
 
 /* Executes a ready step: value = recv (op src) or src; value -> dst and send FIFOs. */

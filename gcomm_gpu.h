@@ -116,7 +116,6 @@
 #endif
 
 #if defined(__HIPCC__)
-#include "gcomm_reduce.h" /* gcommBf16ToFloat, gcommFloatToBf16 */
 
 #define __grid_constant__ /* HIP: kernel arguments are constant already */
 
@@ -171,20 +170,9 @@ static __device__ __forceinline__ uint16_t gcommGpuFToHalf(float f) {
 /* no programmatic dependent launch on ROCm: launches never overlap */
 static __device__ __forceinline__ void gcommGpuGridWait() {}
 static __device__ __forceinline__ void gcommGpuLaunchDependents() {}
-/* HIP 5.2 has no __hip_bfloat16 intrinsics: gcomm_reduce.h's conversions (round to nearest even) */
-static __device__ __forceinline__ float gcommGpuBf16ToF(uint16_t h) {
-  return gcommBf16ToFloat(h);
-}
-static __device__ __forceinline__ uint16_t gcommGpuFToBf16(float f) {
-  return gcommFloatToBf16(f);
-}
-/* fp8: gcomm_reduce.h's conversions */
-static __device__ __forceinline__ float gcommGpuFp8ToF(uint8_t x, int e5m2) {
-  return e5m2 ? gcommFp8e5m2ToFloat(x) : gcommFp8e4m3ToFloat(x);
-}
-static __device__ __forceinline__ uint8_t gcommGpuFToFp8(float f, int e5m2) {
-  return gcommFloatToFp8(f, e5m2);
-}
+/* The GPU's conversions gcomm_reduce.h uses: Float16's. HIP 5.2 has no __hip_bfloat16
+ * intrinsics and ROCm no fp8 ones for gfx90a: Bfloat16 and fp8 take gcomm_reduce.h's own. */
+#define GCOMM_GPU_HALF 1
 #endif /* __HIPCC__ */
 
 #else
@@ -193,8 +181,6 @@ static __device__ __forceinline__ uint8_t gcommGpuFToFp8(float f, int e5m2) {
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
-
-#include "gcomm_reduce.h" /* fp8 on GPUs before sm_89 */
 #include <cuda_runtime.h>
 #else
 #include <cuda_runtime_api.h>
@@ -251,6 +237,10 @@ static __device__ __forceinline__ void gcommGpuLaunchDependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+/* The GPU's conversions gcomm_reduce.h uses (the same bits as its own): Float16's, Bfloat16's,
+ * and fp8's below. */
+#define GCOMM_GPU_HALF 1
+#define GCOMM_GPU_BF16 1
 static __device__ __forceinline__ float gcommGpuHalfToF(uint16_t h) {
   return __half2float(__ushort_as_half(h));
 }
@@ -263,23 +253,17 @@ static __device__ __forceinline__ float gcommGpuBf16ToF(uint16_t h) {
 static __device__ __forceinline__ uint16_t gcommGpuFToBf16(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
-/* fp8: the GPU's conversions from sm_89 (one instruction each, where gcomm_reduce.h's would be
- * dozens in every unrolled step); cuda_fp8.h's host emulation of them gives the same bits as
- * gcomm_reduce.h's for every float and every fp8 value. Older GPUs: gcomm_reduce.h's. */
-static __device__ __forceinline__ float gcommGpuFp8ToF(uint8_t x, int e5m2) {
+/* fp8: the GPU's conversions from sm_89; cuda_fp8.h's host emulation of them gives the same bits
+ * as gcomm_reduce.h's for every float and every fp8 value. Older GPUs take gcomm_reduce.h's. */
 #if __CUDA_ARCH__ >= 890
+#define GCOMM_GPU_FP8 1
+static __device__ __forceinline__ float gcommGpuFp8ToF(uint8_t x, int e5m2) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(x, e5m2 ? __NV_E5M2 : __NV_E4M3)));
-#else
-  return e5m2 ? gcommFp8e5m2ToFloat(x) : gcommFp8e4m3ToFloat(x);
-#endif
 }
 static __device__ __forceinline__ uint8_t gcommGpuFToFp8(float f, int e5m2) {
-#if __CUDA_ARCH__ >= 890
   return __nv_cvt_float_to_fp8(f, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
-#else
-  return gcommFloatToFp8(f, e5m2);
-#endif
 }
+#endif
 #endif /* __CUDACC__ */
 #endif /* GCOMM_HIP */
 

@@ -23,177 +23,17 @@
 #include "gcomm_device.h"
 #include "gcomm_gpu.h" /* CUDA or HIP (gcomm_kernels.hip compiles this file with hipcc) */
 #include "gcomm_reduce.h"
-
-/* gcomm.h needs <mpi.h>, which nvcc may not find: the few values used here, as gcomm.h has them */
-enum { gcommSum = 0, gcommProd = 1, gcommMax = 2, gcommMin = 3, gcommAvg = 4 };
-enum { gcommInvalidUsage = 2, gcommTimeout = 7, gcommAborted = 8 };
+#include "gcomm_types.h" /* gcomm.h's results, datatypes and operators, without <mpi.h> */
 
 /* ---- memory-model helpers (gcomm_gpu.h: PTX on CUDA, HIP atomics on ROCm) ---- */
 #define ldAcquire gcommGpuLdAcquire
 #define stRelease gcommGpuStRelease
 #define globalTimer gcommGpuTimerNs
 
-/* ---- element types and operators (gcomm_reduce.h semantics) ---- */
-enum { K_INT, K_FLT, K_HALF, K_BF16, K_E4M3, K_E5M2 };
+/* ---- element types and operators: gcomm_reduce.h's gcommElem<datatype> (the host executor's
+ * too), T its element type ---- */
 template <int DT>
-struct Dt;
-template <>
-struct Dt<0> {
-  typedef int8_t S;
-  typedef uint8_t U;
-  enum { K = K_INT };
-};
-template <>
-struct Dt<1> {
-  typedef uint8_t S;
-  typedef uint8_t U;
-  enum { K = K_INT };
-};
-template <>
-struct Dt<2> {
-  typedef int32_t S;
-  typedef uint32_t U;
-  enum { K = K_INT };
-};
-template <>
-struct Dt<3> {
-  typedef uint32_t S;
-  typedef uint32_t U;
-  enum { K = K_INT };
-};
-template <>
-struct Dt<4> {
-  typedef int64_t S;
-  typedef uint64_t U;
-  enum { K = K_INT };
-};
-template <>
-struct Dt<5> {
-  typedef uint64_t S;
-  typedef uint64_t U;
-  enum { K = K_INT };
-};
-template <>
-struct Dt<6> {
-  typedef uint16_t S;
-  typedef uint16_t U;
-  enum { K = K_HALF };
-};
-template <>
-struct Dt<7> {
-  typedef float S;
-  typedef float U;
-  enum { K = K_FLT };
-};
-template <>
-struct Dt<8> {
-  typedef double S;
-  typedef double U;
-  enum { K = K_FLT };
-};
-template <>
-struct Dt<9> {
-  typedef uint16_t S;
-  typedef uint16_t U;
-  enum { K = K_BF16 };
-};
-template <>
-struct Dt<10> {
-  typedef uint8_t S;
-  typedef uint8_t U;
-  enum { K = K_E4M3 };
-};
-template <>
-struct Dt<11> {
-  typedef uint8_t S;
-  typedef uint8_t U;
-  enum { K = K_E5M2 };
-};
-
-/* The narrow floats' conversions (gcomm_gpu.h: the GPU's own where it has them). */
-template <int K, typename T>
-static __device__ __forceinline__ float toF(T h) {
-  if constexpr (K == K_HALF)
-    return gcommGpuHalfToF(h);
-  else if constexpr (K == K_BF16)
-    return gcommGpuBf16ToF(h);
-  else
-    return gcommGpuFp8ToF(h, K == K_E5M2);
-}
-template <int K>
-static __device__ __forceinline__ auto fromF(float f) {
-  if constexpr (K == K_HALF)
-    return gcommGpuFToHalf(f);
-  else if constexpr (K == K_BF16)
-    return gcommGpuFToBf16(f);
-  else
-    return gcommGpuFToFp8(f, K == K_E5M2);
-}
-
-template <int DT, int OP>
-static __device__ __forceinline__ typename Dt<DT>::S red(typename Dt<DT>::S A,
-                                                         typename Dt<DT>::S B) {
-  typedef typename Dt<DT>::S T;
-  typedef typename Dt<DT>::U U;
-  if constexpr (Dt<DT>::K == K_INT) {
-    if constexpr (OP == gcommProd)
-      return (T)((U)A * (U)B);
-    else if constexpr (OP == gcommMax)
-      return A > B ? A : B;
-    else if constexpr (OP == gcommMin)
-      return A < B ? A : B;
-    else
-      return (T)((U)A + (U)B);
-  } else if constexpr (Dt<DT>::K == K_FLT) {
-    if constexpr (OP == gcommProd)
-      return A * B;
-    else if constexpr (OP == gcommMax)
-      return A > B ? A : B;
-    else if constexpr (OP == gcommMin)
-      return A < B ? A : B;
-    else
-      return A + B;
-  } else {
-    constexpr int K = Dt<DT>::K;
-    if constexpr (OP == gcommProd)
-      return fromF<K>(toF<K>(A) * toF<K>(B));
-    else if constexpr (OP == gcommMax)
-      return toF<K>(A) > toF<K>(B) ? A : B;
-    else if constexpr (OP == gcommMin)
-      return toF<K>(A) < toF<K>(B) ? A : B;
-    else
-      return fromF<K>(toF<K>(A) + toF<K>(B));
-  }
-}
-
-/* PreMulSum's pre-operation: A times the scalar, rounded to the type. Float and double multiply
- * with an explicit rounding, so that the compiler cannot fuse the product into the sum that
- * follows (the host executor rounds it too); a narrow float's product is exact in float. */
-template <int DT>
-static __device__ __forceinline__ typename Dt<DT>::S preMul(typename Dt<DT>::S A,
-                                                            typename Dt<DT>::S scalar) {
-  typedef typename Dt<DT>::S T;
-  typedef typename Dt<DT>::U U;
-  if constexpr (Dt<DT>::K == K_INT)
-    return (T)((U)A * (U)scalar);
-  else if constexpr (Dt<DT>::K == K_FLT && sizeof(T) == 4)
-    return __fmul_rn(A, scalar);
-  else if constexpr (Dt<DT>::K == K_FLT)
-    return __dmul_rn(A, scalar);
-  else
-    return fromF<Dt<DT>::K>(toF<Dt<DT>::K>(A) * toF<Dt<DT>::K>(scalar));
-}
-
-template <int DT>
-static __device__ __forceinline__ typename Dt<DT>::S divide(typename Dt<DT>::S A, int n) {
-  typedef typename Dt<DT>::S T;
-  if constexpr (Dt<DT>::K == K_INT)
-    return (T)(A / (T)n);
-  else if constexpr (Dt<DT>::K == K_FLT)
-    return A / (T)n;
-  else
-    return fromF<Dt<DT>::K>(toF<Dt<DT>::K>(A) / (float)n);
-}
+using Elem = typename gcommElem<DT>::T;
 
 /* ---- the data of one step ---- */
 struct StepIo {
@@ -285,10 +125,10 @@ static __device__ __noinline__ void copyStep(const StepIo& io, size_t esz) {
 
 /* The scalar of io, typed. */
 template <int DT>
-static __device__ __forceinline__ typename Dt<DT>::S scalarOf(const StepIo& io) {
+static __device__ __forceinline__ Elem<DT> scalarOf(const StepIo& io) {
   union {
     uint64_t u;
-    typename Dt<DT>::S t;
+    Elem<DT> t;
   } s;
   s.u = io.scalar;
   return s.t;
@@ -299,16 +139,16 @@ static __device__ __forceinline__ typename Dt<DT>::S scalarOf(const StepIo& io) 
  * than one of its own for every datatype and protocol (the kernels' code, and their compile time,
  * would grow by a fifth). */
 template <int DT, int OP>
-static __device__ __forceinline__ typename Dt<DT>::S srcElem(const StepIo& io, size_t i) {
-  typename Dt<DT>::S x = ((const typename Dt<DT>::S*)io.src)[i];
+static __device__ __forceinline__ Elem<DT> srcElem(const StepIo& io, size_t i) {
+  Elem<DT> x = ((const Elem<DT>*)io.src)[i];
   if constexpr (OP == gcommSum)
-    if (io.scale) x = preMul<DT>(x, scalarOf<DT>(io));
+    if (io.scale) x = gcommElem<DT>::preMul(x, scalarOf<DT>(io));
   return x;
 }
 
 template <int DT, int OP>
-static __device__ __forceinline__ typename Dt<DT>::S elem(const StepIo& io, size_t i) {
-  typedef typename Dt<DT>::S T;
+static __device__ __forceinline__ Elem<DT> elem(const StepIo& io, size_t i) {
+  typedef Elem<DT> T;
   T v;
   if (io.in[0] == NULL) {
     v = srcElem<DT, OP>(io, i);
@@ -316,10 +156,10 @@ static __device__ __forceinline__ typename Dt<DT>::S elem(const StepIo& io, size
     v = ((const volatile T*)io.in[0])[i];
   } else { /* src op in0 [op in1], or in0 op in1 without a local operand */
     v = ((const volatile T*)io.in[0])[i];
-    if (io.src) v = red<DT, OP>(srcElem<DT, OP>(io, i), v);
-    if (io.in[1]) v = red<DT, OP>(v, ((const volatile T*)io.in[1])[i]);
+    if (io.src) v = gcommElem<DT>::reduce(OP, srcElem<DT, OP>(io, i), v);
+    if (io.in[1]) v = gcommElem<DT>::reduce(OP, v, ((const volatile T*)io.in[1])[i]);
   }
-  if (io.div) v = divide<DT>(v, io.nranks);
+  if (io.div) v = gcommElem<DT>::divide(v, io.nranks);
   return v;
 }
 
@@ -327,26 +167,26 @@ static __device__ __forceinline__ typename Dt<DT>::S elem(const StepIo& io, size
 template <int DT, int OP, typename Pack>
 static __device__ __forceinline__ Pack packValue(const StepIo& io, Pack x, const Pack& y,
                                                  const Pack& z) {
-  constexpr int N = 16 / sizeof(typename Dt<DT>::S);
+  constexpr int N = 16 / sizeof(Elem<DT>);
   if constexpr (OP == gcommSum)
     if (io.scale)
 #pragma unroll
-      for (int e = 0; e < N; e++) x.e[e] = preMul<DT>(x.e[e], scalarOf<DT>(io));
+      for (int e = 0; e < N; e++) x.e[e] = gcommElem<DT>::preMul(x.e[e], scalarOf<DT>(io));
   if (io.in[0] == NULL) return x;
   if (!io.reduce) return y;
   Pack v = y; /* src op in0 [op in1], or in0 op in1 without a local operand */
   if (io.src)
 #pragma unroll
-    for (int e = 0; e < N; e++) v.e[e] = red<DT, OP>(x.e[e], y.e[e]);
+    for (int e = 0; e < N; e++) v.e[e] = gcommElem<DT>::reduce(OP, x.e[e], y.e[e]);
   if (io.in[1])
 #pragma unroll
-    for (int e = 0; e < N; e++) v.e[e] = red<DT, OP>(v.e[e], z.e[e]);
+    for (int e = 0; e < N; e++) v.e[e] = gcommElem<DT>::reduce(OP, v.e[e], z.e[e]);
   return v;
 }
 
 template <int DT, int OP>
 static __device__ __noinline__ void reduceStep(const StepIo& io) {
-  typedef typename Dt<DT>::S T;
+  typedef Elem<DT> T;
   constexpr int N = 16 / sizeof(T);
   union Pack {
     uint4 v;
@@ -449,7 +289,7 @@ static __device__ __forceinline__ void llWrite(uint4* p, uint64_t data, uint32_t
  * operation those cost more than the data (PERF.md, "Where gcomm is behind, and why"). */
 template <int DT, int OP>
 static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w) {
-  typedef typename Dt<DT>::S T;
+  typedef Elem<DT> T;
   constexpr int E = 8 / sizeof(T);
   union Line {
     uint64_t u;
@@ -472,7 +312,7 @@ static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w)
       if constexpr (OP == gcommSum)
         if (io.scale)
 #pragma unroll
-          for (int e = 0; e < E; e++) v.e[e] = preMul<DT>(v.e[e], scalarOf<DT>(io));
+          for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::preMul(v.e[e], scalarOf<DT>(io));
     }
     if (io.in[0]) {
       x.u = llRead((const uint4*)io.in[0] + j, io.flagIn[0], w, io.inPeer[0]);
@@ -480,17 +320,17 @@ static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w)
         v.u = x.u;
       } else {
 #pragma unroll
-        for (int e = 0; e < E; e++) v.e[e] = red<DT, OP>(v.e[e], x.e[e]);
+        for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::reduce(OP, v.e[e], x.e[e]);
       }
       if (io.reduce && io.in[1]) {
         x.u = llRead((const uint4*)io.in[1] + j, io.flagIn[1], w, io.inPeer[1]);
 #pragma unroll
-        for (int e = 0; e < E; e++) v.e[e] = red<DT, OP>(v.e[e], x.e[e]);
+        for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::reduce(OP, v.e[e], x.e[e]);
       }
     }
     if (io.div)
 #pragma unroll
-      for (int e = 0; e < E; e++) v.e[e] = divide<DT>(v.e[e], io.nranks);
+      for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::divide(v.e[e], io.nranks);
     if (dst) {
       if (dstWhole && ne == E)
         *(uint64_t*)(dst + e0) = v.u;
@@ -525,41 +365,41 @@ template <bool LL>
 static __device__ __forceinline__ void dataStepT(const StepIo& io, int datatype, int op,
                                                  const LlWait& w) {
   switch (datatype) {
-    case 0:
-      stepT<LL, 0>(io, op, w);
+    case gcommInt8:
+      stepT<LL, gcommInt8>(io, op, w);
       break;
-    case 1:
-      stepT<LL, 1>(io, op, w);
+    case gcommUint8:
+      stepT<LL, gcommUint8>(io, op, w);
       break;
-    case 2:
-      stepT<LL, 2>(io, op, w);
+    case gcommInt32:
+      stepT<LL, gcommInt32>(io, op, w);
       break;
-    case 3:
-      stepT<LL, 3>(io, op, w);
+    case gcommUint32:
+      stepT<LL, gcommUint32>(io, op, w);
       break;
-    case 4:
-      stepT<LL, 4>(io, op, w);
+    case gcommInt64:
+      stepT<LL, gcommInt64>(io, op, w);
       break;
-    case 5:
-      stepT<LL, 5>(io, op, w);
+    case gcommUint64:
+      stepT<LL, gcommUint64>(io, op, w);
       break;
-    case 6:
-      stepT<LL, 6>(io, op, w);
+    case gcommFloat16:
+      stepT<LL, gcommFloat16>(io, op, w);
       break;
-    case 7:
-      stepT<LL, 7>(io, op, w);
+    case gcommFloat32:
+      stepT<LL, gcommFloat32>(io, op, w);
       break;
-    case 8:
-      stepT<LL, 8>(io, op, w);
+    case gcommFloat64:
+      stepT<LL, gcommFloat64>(io, op, w);
       break;
-    case 9:
-      stepT<LL, 9>(io, op, w);
+    case gcommBfloat16:
+      stepT<LL, gcommBfloat16>(io, op, w);
       break;
-    case 10:
-      stepT<LL, 10>(io, op, w);
+    case gcommFloat8e4m3:
+      stepT<LL, gcommFloat8e4m3>(io, op, w);
       break;
     default:
-      stepT<LL, 11>(io, op, w);
+      stepT<LL, gcommFloat8e5m2>(io, op, w);
       break;
   }
 }
@@ -568,7 +408,8 @@ static __device__ __forceinline__ void llDataStep(const StepIo& io, int datatype
                                                   const LlWait& w) {
   /* copies move raw lines: the unsigned type of the element's size */
   int sz = gcommTypeSize(datatype);
-  if (!io.reduce && !io.div && !io.scale) datatype = sz == 1 ? 1 : sz == 2 ? 6 : sz == 4 ? 3 : 5;
+  if (!io.reduce && !io.div && !io.scale)
+    datatype = sz == 1 ? gcommUint8 : sz == 2 ? gcommFloat16 : sz == 4 ? gcommUint32 : gcommUint64;
   dataStepT<true>(io, datatype, op, w);
 }
 
@@ -653,6 +494,236 @@ struct KArgs {
   gcommDevWork_t works[W];
 };
 
+/* ---- the parts of a step: load the steps, wait for the FIFOs, move the data, publish ---- */
+
+/* The block's queue: its lane's connections (send to p at sendC[p], receive from p at recvC[p])
+ * and, in a block that caches them in shared memory, the receivers' heads it has seen. */
+struct Queue {
+  gcommDevConn_t* sendC;
+  gcommDevConn_t* recvC;
+  uint64_t* knownHead; /* [peer], cached blocks only (else NULL) */
+};
+
+/* Where a step's data is in its FIFOs: the connections' step counters when it starts. */
+struct StepPos {
+  uint64_t recv[2], send[2];
+};
+
+/* The block's copy of its connections and their counters in shared memory (shCache: the
+ * connections, then [NC n] counters, then [NC n] their values at the start): a step then reads no
+ * global memory but the FIFO counters it polls. The connections are set up at init (no launch
+ * writes them), so this runs before the previous launch on the stream is known to be done. */
+static __device__ __forceinline__ Queue cacheConnections(char* shCache, const gcommDevComm_t& comm,
+                                                         int lane0, bool cached) {
+  const int n = comm.nranks;
+  Queue q = {comm.send + lane0 * n, comm.recv + lane0 * n, NULL};
+  if (cached) {
+    gcommDevConn_t* conns = (gcommDevConn_t*)shCache;
+    uint64_t* vals = (uint64_t*)(conns + 2 * n);
+    for (int i = threadIdx.x; i < 2 * n; i += blockDim.x) {
+      conns[i] = i < n ? q.sendC[i] : q.recvC[i - n];
+      conns[i].step = vals + i;
+    }
+    q.sendC = conns;
+    q.recvC = conns + n;
+    q.knownHead = vals + 2 * n;
+  }
+  return q;
+}
+
+/* The counters of the cached connections, read from global memory once the previous launch is
+ * done (independent loads: one round trip), and written back at the end where this block moved
+ * them (other blocks of a point-to-point lane own other peers' counters: those are left alone). */
+static __device__ __forceinline__ void loadCounters(char* shCache, const gcommDevComm_t& comm,
+                                                    int lane0) {
+  const int n = comm.nranks, NC = GCOMM_DEV_COUNTERS;
+  uint64_t* vals = (uint64_t*)((gcommDevConn_t*)shCache + 2 * n);
+  const size_t nc = (size_t)comm.nLanes * n;
+  for (int i = threadIdx.x; i < NC * n; i += blockDim.x)
+    vals[i] = vals[NC * n + i] = comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n];
+}
+static __device__ __forceinline__ void storeCounters(const char* shCache,
+                                                     const gcommDevComm_t& comm, int lane0) {
+  const int n = comm.nranks, NC = GCOMM_DEV_COUNTERS;
+  const uint64_t* vals = (const uint64_t*)((const gcommDevConn_t*)shCache + 2 * n);
+  const size_t nc = (size_t)comm.nLanes * n;
+  for (int i = threadIdx.x; i < NC * n; i += blockDim.x)
+    if (vals[i] != vals[NC * n + i]) comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n] = vals[i];
+}
+
+/* Load the steps: steps s .. s + NB - 1 of the work into shSteps, one a thread (batchTid). */
+static __device__ __forceinline__ void loadSteps(gcommStep_t* shSteps, const gcommSched_t& sched,
+                                                 long s, long nSteps, int batchTid) {
+  __syncthreads(); /* every thread is done with the previous batch */
+  if (batchTid >= 0 && s + batchTid < nSteps)
+    gcommSchedGetStep(&sched, s + batchTid, &shSteps[batchTid]);
+  __syncthreads();
+}
+
+/* The step's FIFO positions (thread 0 moved the counters after the previous step's data, then a
+ * barrier). Returns whether thread 0 must wait, and a barrier follow, before the data moves. */
+static __device__ __forceinline__ bool stepPositions(const gcommStep_t& st, const Queue& q, bool ll,
+                                                     StepPos& pos) {
+  bool wait = false;
+  for (int k = 0; k < 2; k++) {
+    pos.recv[k] = pos.send[k] = 0;
+    int p = st.recvPeer[k];
+    if (p >= 0) {
+      pos.recv[k] = *q.recvC[p].step;
+      wait |= !ll; /* LL: every thread polls its lines' flags */
+    }
+    p = st.sendPeer[k];
+    if (p >= 0) {
+      pos.send[k] = *q.sendC[p].step;
+      /* the slot is free once the receiver's head passed need; knownHead moves only after
+       * a barrier, so every thread takes the same branch here */
+      uint64_t need = pos.send[k] + 1 - GCOMM_STEPS;
+      wait |= pos.send[k] >= GCOMM_STEPS && !(q.knownHead && q.knownHead[p] >= need);
+    }
+  }
+  return wait;
+}
+
+/* Wait for the FIFOs: thread 0 waits until each receive slot holds this step's data (a Simple
+ * slot's tail, then its word: the same call and count) and each send slot is free (the receiver's
+ * head); then a barrier. Returns non-zero, in every thread, when a wait failed (recorded). */
+static __device__ __forceinline__ int waitFifos(const gcommStep_t& st, const Queue& q,
+                                                const StepPos& pos, bool ll, uint64_t word,
+                                                const LlWait& w, volatile int& shFail) {
+  uint64_t seen[2] = {0, 0};
+  if (threadIdx.x == 0) {
+    uint64_t t0 = 0;
+    int err = 0;
+    for (int k = 0; k < 2 && !err; k++) {
+      int p = st.recvPeer[k];
+      if (p < 0 || ll) continue;
+      const gcommDevConn_t& c = q.recvC[p];
+      err = waitFor<true>(w.comm, c.tail, pos.recv[k] + 1, &t0);
+      if (err) {
+        recordError(w.gcomm, w.comm, err, p, w.lane, 1, w.func, w.step, 0, 0);
+        break;
+      }
+      uint64_t got = c.bytes[pos.recv[k] % GCOMM_STEPS];
+      if (got != word) { /* a different call (or count) */
+        err = gcommInvalidUsage;
+        recordError(w.gcomm, w.comm, err, p, w.lane, 1, w.func, w.step, got, word);
+      }
+    }
+    for (int k = 0; k < 2 && !err; k++) {
+      int p = st.sendPeer[k];
+      if (p < 0 || pos.send[k] < GCOMM_STEPS) continue;
+      err = waitFor<false>(w.comm, q.sendC[p].head, pos.send[k] + 1 - GCOMM_STEPS, &t0, &seen[k]);
+      if (err) recordError(w.gcomm, w.comm, err, p, w.lane, 0, w.func, w.step, 0, 0);
+    }
+    shFail = err;
+  }
+  __syncthreads();
+  if (shFail) return shFail;
+  if (threadIdx.x == 0 && q.knownHead) /* after the barrier: see stepPositions */
+    for (int k = 0; k < 2; k++)
+      if (seen[k] > 0) q.knownHead[st.sendPeer[k]] = seen[k];
+  return 0;
+}
+
+/* The step's operands and destinations: the user buffers at the step's offsets, the FIFO slots
+ * (LL: past the slot's header line), and what to compute. */
+static __device__ __forceinline__ StepIo stepIo(const gcommDevWork_t& w, const gcommStep_t& st,
+                                                const gcommDevComm_t& comm, const Queue& q,
+                                                const StepPos& pos, bool ll, uint64_t scalar) {
+  const size_t esz = gcommTypeSize(w.datatype), hdr = ll ? GCOMM_LL_LINE : 0;
+  StepIo io;
+  const char* in = st.src == GCOMM_BUF_IN    ? (const char*)w.sendbuff
+                   : st.src == GCOMM_BUF_OUT ? (const char*)w.recvbuff
+                                             : NULL;
+  char* out = st.dst == GCOMM_BUF_OUT ? (char*)w.recvbuff : NULL;
+  io.src = in ? in + st.srcOff * esz : NULL;
+  io.out[0] = out ? out + st.dstOff * esz : NULL;
+  for (int k = 0; k < 2; k++) {
+    io.in[k] = NULL;
+    io.out[k + 1] = NULL;
+    io.inPeer[k] = st.recvPeer[k];
+    io.flagIn[k] = (uint32_t)(pos.recv[k] + 1);
+    io.flagOut[k] = (uint32_t)(pos.send[k] + 1);
+    if (st.recvPeer[k] >= 0) {
+      const gcommDevConn_t& c = q.recvC[st.recvPeer[k]];
+      size_t slot = pos.recv[k] % GCOMM_STEPS;
+      io.in[k] =
+          ll ? c.llSlots + slot * GCOMM_LL_SLOT_BYTES + hdr : c.slots + slot * comm.slotBytes;
+    }
+    if (st.sendPeer[k] >= 0) {
+      const gcommDevConn_t& c = q.sendC[st.sendPeer[k]];
+      size_t slot = pos.send[k] % GCOMM_STEPS;
+      io.out[k + 1] =
+          ll ? c.llSlots + slot * GCOMM_LL_SLOT_BYTES + hdr : c.slots + slot * comm.slotBytes;
+    }
+  }
+  io.reduce = st.reduce && io.in[0] != NULL;
+  io.div = st.postOp && w.redop == gcommAvg;
+  io.scale =
+      w.redop == GCOMM_OP_PREMULSUM && st.src == GCOMM_BUF_IN && (io.in[0] == NULL || io.reduce);
+  io.scalar = scalar;
+  io.nranks = comm.nranks;
+  io.count = st.count;
+  return io;
+}
+
+/* LL: the header lines, by one thread (the caller's hdrTid): the payload size into each send
+ * slot's, and each receive slot's waited for and checked (a mismatch or a failed wait is
+ * recorded and set in w.fail, which threads waiting for lines a mismatched peer never sends see
+ * too). */
+static __device__ __forceinline__ void llHeaders(const StepIo& io, const gcommStep_t& st,
+                                                 uint64_t word, const LlWait& w) {
+  for (int k = 0; k < 2; k++)
+    if (io.out[k + 1]) llWrite((uint4*)(io.out[k + 1] - GCOMM_LL_LINE), word, io.flagOut[k]);
+  uint64_t t0 = 0;
+  for (int k = 0; k < 2 && !*w.fail; k++) {
+    if (!io.in[k]) continue;
+    uint64_t got = 0;
+    int err =
+        waitLlHeader(w.comm, (const uint4*)(io.in[k] - GCOMM_LL_LINE), io.flagIn[k], &t0, &got);
+    if (!err && got != word) err = gcommInvalidUsage;
+    if (err) {
+      recordError(w.gcomm, w.comm, err, st.recvPeer[k], w.lane, 1, w.func, w.step,
+                  err == gcommInvalidUsage ? got : 0, err == gcommInvalidUsage ? word : 0);
+      *w.fail = err;
+    }
+  }
+}
+
+/* Publish the counters (thread 0, after the barrier that follows the data): a send slot is handed
+ * over by its tail, a receive slot back by its head. */
+static __device__ __forceinline__ void publishCounters(const gcommStep_t& st, const Queue& q,
+                                                       const StepPos& pos, bool ll, uint64_t word) {
+  for (int k = 0; k < 2; k++) {
+    if (st.sendPeer[k] >= 0) {
+      const gcommDevConn_t& c = q.sendC[st.sendPeer[k]];
+      if (ll) { /* the flags carried the data; the tail only keeps count */
+        *c.tail = pos.send[k] + 1;
+      } else {
+        c.bytes[pos.send[k] % GCOMM_STEPS] = word;
+        stRelease(c.tail, pos.send[k] + 1);
+      }
+      *c.step = pos.send[k] + 1;
+    }
+    if (st.recvPeer[k] >= 0) {
+      const gcommDevConn_t& c = q.recvC[st.recvPeer[k]];
+      /* relaxed: this block's reads of the slot are done (their values are used) */
+      *c.head = pos.recv[k] + 1;
+      *c.step = pos.recv[k] + 1;
+    }
+  }
+}
+
+/* PreMulSum's scalar: a device-resident one is read now, when the operation runs. */
+static __device__ __forceinline__ uint64_t workScalar(const gcommDevWork_t& w, size_t esz) {
+  uint64_t scalar = w.scalar;
+  if (w.scalarPtr != NULL) {
+    scalar = 0;
+    for (size_t b = 0; b < esz; b++) ((char*)&scalar)[b] = ((const char*)w.scalarPtr)[b];
+  }
+  return scalar;
+}
+
 /* LL_ONLY: every work of the launch uses LL (small operations): the Simple code is compiled out,
  * so nothing spills to local memory. Blocks per SM: the channel rule (gpuDefaultChannels) counts
  * on 2 blocks of every rank sharing a GPU being resident at once, which caps registers at 64; a
@@ -668,24 +739,17 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
    * thread computing each step as it comes is a few hundred dependent instructions, ~1 us a step
    * on the critical path of a small operation (docs/PERF.md). */
   __shared__ gcommStep_t shSteps[GCOMM_DEV_STEP_BATCH];
-  /* The block's lane's connections (send to p at [p], receive from p at [n + p]) with their
-   * counters (gcomm_device.h: send step, receive step, known head), in shared memory: a step then
-   * reads no global memory but the FIFO counters it polls. The counters this block moved go back
-   * to global memory when it ends (other blocks of a point-to-point lane own other peers'
-   * counters: those are left alone). */
+  /* The block's lane's connections with their counters (gcomm_device.h: send step, receive step,
+   * known head), in shared memory when n <= GCOMM_DEV_CACHE_RANKS (cacheConnections). */
   extern __shared__ char shCache[];
   const int tid = threadIdx.x;
   /* the thread that writes and checks LL header lines: the last, idle in a small step */
   const int hdrTid = blockDim.x - 1;
   const gcommDevComm_t& comm = a.hostCopy; /* kernel parameters: no global load */
   if (tid == 0) shFail = shDataFail = 0;
-  const int n = comm.nranks;
   const int lane0 = a.works[a.first[blockIdx.x]].lane;
-  const bool cached = n <= GCOMM_DEV_CACHE_RANKS;
-  gcommDevConn_t* sendC = comm.send + lane0 * n;
-  gcommDevConn_t* recvC = comm.recv + lane0 * n;
-  uint64_t* knownHead = NULL; /* [peer], cached blocks only */
-  constexpr int NC = GCOMM_DEV_COUNTERS, NB = GCOMM_DEV_STEP_BATCH;
+  const bool cached = comm.nranks <= GCOMM_DEV_CACHE_RANKS;
+  constexpr int NB = GCOMM_DEV_STEP_BATCH;
   /* the first work's first batch, by the last threads, while the first ones fill the cache */
   const int batchTid = tid - (int)(blockDim.x - NB);
   {
@@ -693,28 +757,14 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
     if (batchTid >= 0 && batchTid < w.nSteps)
       gcommSchedGetStep(&w.sched, batchTid, &shSteps[batchTid]);
   }
-  gcommDevConn_t* conns = (gcommDevConn_t*)shCache;
-  uint64_t* vals = (uint64_t*)(conns + 2 * n); /* [NC n] counters, then [NC n] their start */
-  if (cached) {
-    for (int i = tid; i < 2 * n; i += blockDim.x) { /* set up at init: no launch writes them */
-      conns[i] = i < n ? sendC[i] : recvC[i - n];
-      conns[i].step = vals + i;
-    }
-    sendC = conns;
-    recvC = conns + n;
-    knownHead = vals + 2 * n;
-  }
+  const Queue q = cacheConnections(shCache, comm, lane0, cached);
   /* Everything above reads only this launch's parameters and what init wrote; from here on the
    * memory the previous launch on the stream wrote (counters, user buffers). A small LL launch
    * then lets the next one start its own prologue: at most two are resident (the rule that sets
    * gcommComm.launchOverlap counts on it). */
   gcommGpuGridWait();
   if (LL_ONLY && W <= GCOMM_DEV_SMALL_WORKS) gcommGpuLaunchDependents();
-  if (cached) {
-    const size_t nc = (size_t)comm.nLanes * n;
-    for (int i = tid; i < NC * n; i += blockDim.x) /* independent loads: one round trip */
-      vals[i] = vals[NC * n + i] = comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n];
-  }
+  if (cached) loadCounters(shCache, comm, lane0);
   __syncthreads();
   for (int wi = a.first[blockIdx.x]; wi < a.first[blockIdx.x + 1]; wi++) {
     const gcommDevWork_t& w = a.works[wi];
@@ -723,130 +773,18 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
     const size_t esz = gcommTypeSize(w.datatype);
     const gcommSched_t sched = w.sched;
     const bool ll = LL_ONLY || w.proto == gcommProtoLL;
-    const size_t hdr = ll ? GCOMM_LL_LINE : 0; /* LL slots start with the header line */
-    /* PreMulSum: a device-resident scalar is read now, when the operation runs */
-    uint64_t scalar = w.scalar;
-    if (w.scalarPtr != NULL) {
-      scalar = 0;
-      for (size_t b = 0; b < esz; b++) ((char*)&scalar)[b] = ((const char*)w.scalarPtr)[b];
-    }
+    const uint64_t scalar = workScalar(w, esz);
     for (long s = 0; s < w.nSteps; s++) {
-      if (s % NB == 0 && (s > 0 || wi > a.first[blockIdx.x])) {
-        __syncthreads(); /* every thread is done with the previous batch */
-        if (batchTid >= 0 && s + batchTid < w.nSteps)
-          gcommSchedGetStep(&sched, s + batchTid, &shSteps[batchTid]);
-        __syncthreads();
-      }
+      if (s % NB == 0 && (s > 0 || wi > a.first[blockIdx.x]))
+        loadSteps(shSteps, sched, s, w.nSteps, batchTid);
       const gcommStep_t& st = shSteps[s % NB];
-      const size_t bytes = st.count * esz;
-      const uint64_t word = GCOMM_SLOT_WORD(w.tag, bytes);
-      /* ---- where the step's data is: the FIFO counters (thread 0 moved them after the previous
-       * step's data, then a barrier). Thread 0 waits, and a barrier follows, only when something
-       * must be awaited before the data moves. ---- */
-      uint64_t recvStep[2] = {0, 0}, sendStep[2] = {0, 0};
-      bool wait = false;
-      for (int k = 0; k < 2; k++) {
-        int p = st.recvPeer[k];
-        if (p >= 0) {
-          recvStep[k] = *recvC[p].step;
-          wait |= !ll; /* LL: every thread polls its lines' flags */
-        }
-        p = st.sendPeer[k];
-        if (p >= 0) {
-          sendStep[k] = *sendC[p].step;
-          /* the slot is free once the receiver's head passed need; knownHead moves only after
-           * a barrier, so every thread takes the same branch here */
-          uint64_t need = sendStep[k] + 1 - GCOMM_STEPS;
-          wait |= sendStep[k] >= GCOMM_STEPS && !(knownHead && knownHead[p] >= need);
-        }
-      }
-      if (wait) {
-        uint64_t seen[2] = {0, 0};
-        if (tid == 0) {
-          uint64_t t0 = 0;
-          int err = 0;
-          for (int k = 0; k < 2 && !err; k++) {
-            int p = st.recvPeer[k];
-            if (p < 0 || ll) continue;
-            const gcommDevConn_t& c = recvC[p];
-            err = waitFor<true>(&comm, c.tail, recvStep[k] + 1, &t0);
-            if (err) {
-              recordError(a.comm, &comm, err, p, w.lane, 1, sched.func, s, 0, 0);
-              break;
-            }
-            uint64_t got = c.bytes[recvStep[k] % GCOMM_STEPS];
-            if (got != word) { /* a different call (or count) */
-              err = gcommInvalidUsage;
-              recordError(a.comm, &comm, err, p, w.lane, 1, sched.func, s, got, word);
-            }
-          }
-          for (int k = 0; k < 2 && !err; k++) {
-            int p = st.sendPeer[k];
-            if (p < 0 || sendStep[k] < GCOMM_STEPS) continue;
-            err =
-                waitFor<false>(&comm, sendC[p].head, sendStep[k] + 1 - GCOMM_STEPS, &t0, &seen[k]);
-            if (err) recordError(a.comm, &comm, err, p, w.lane, 0, sched.func, s, 0, 0);
-          }
-          shFail = err;
-        }
-        __syncthreads();
-        if (shFail) return;
-        if (tid == 0 && knownHead) /* after the barrier: see the branch above */
-          for (int k = 0; k < 2; k++)
-            if (seen[k] > 0) knownHead[st.sendPeer[k]] = seen[k];
-      }
-      /* ---- the data ---- */
-      StepIo io;
-      const char* in = st.src == GCOMM_BUF_IN    ? (const char*)w.sendbuff
-                       : st.src == GCOMM_BUF_OUT ? (const char*)w.recvbuff
-                                                 : NULL;
-      char* out = st.dst == GCOMM_BUF_OUT ? (char*)w.recvbuff : NULL;
-      io.src = in ? in + st.srcOff * esz : NULL;
-      io.out[0] = out ? out + st.dstOff * esz : NULL;
-      for (int k = 0; k < 2; k++) {
-        io.in[k] = NULL;
-        io.out[k + 1] = NULL;
-        io.inPeer[k] = st.recvPeer[k];
-        io.flagIn[k] = (uint32_t)(recvStep[k] + 1);
-        io.flagOut[k] = (uint32_t)(sendStep[k] + 1);
-        if (st.recvPeer[k] >= 0) {
-          const gcommDevConn_t& c = recvC[st.recvPeer[k]];
-          size_t slot = recvStep[k] % GCOMM_STEPS;
-          io.in[k] =
-              ll ? c.llSlots + slot * GCOMM_LL_SLOT_BYTES + hdr : c.slots + slot * comm.slotBytes;
-        }
-        if (st.sendPeer[k] >= 0) {
-          const gcommDevConn_t& c = sendC[st.sendPeer[k]];
-          size_t slot = sendStep[k] % GCOMM_STEPS;
-          io.out[k + 1] =
-              ll ? c.llSlots + slot * GCOMM_LL_SLOT_BYTES + hdr : c.slots + slot * comm.slotBytes;
-        }
-      }
-      io.reduce = st.reduce && io.in[0] != NULL;
-      io.div = st.postOp && w.redop == gcommAvg;
-      io.scale = w.redop == GCOMM_OP_PREMULSUM && st.src == GCOMM_BUF_IN &&
-                 (io.in[0] == NULL || io.reduce);
-      io.scalar = scalar;
-      io.nranks = n;
-      io.count = st.count;
-      if (ll && tid == hdrTid) { /* the header lines: the payload size, the mismatch check */
-        for (int k = 0; k < 2; k++)
-          if (io.out[k + 1]) llWrite((uint4*)(io.out[k + 1] - hdr), word, io.flagOut[k]);
-        uint64_t t0 = 0;
-        for (int k = 0; k < 2 && !shDataFail; k++) {
-          if (!io.in[k]) continue;
-          uint64_t got = 0;
-          int err = waitLlHeader(&comm, (const uint4*)(io.in[k] - hdr), io.flagIn[k], &t0, &got);
-          if (!err && got != word) err = gcommInvalidUsage;
-          if (err) { /* threads that wait for lines a mismatched peer never sends see it too */
-            recordError(a.comm, &comm, err, st.recvPeer[k], w.lane, 1, sched.func, s,
-                        err == gcommInvalidUsage ? got : 0, err == gcommInvalidUsage ? word : 0);
-            shDataFail = err;
-          }
-        }
-      }
+      const uint64_t word = GCOMM_SLOT_WORD(w.tag, st.count * esz);
       LlWait lw = {a.comm, &comm, &shDataFail, w.lane, sched.func, s};
-      if (bytes > 0) {
+      StepPos pos;
+      if (stepPositions(st, q, ll, pos) && waitFifos(st, q, pos, ll, word, lw, shFail)) return;
+      const StepIo io = stepIo(w, st, comm, q, pos, ll, scalar);
+      if (ll && tid == hdrTid) llHeaders(io, st, word, lw);
+      if (io.count > 0) {
         if (LL_ONLY)
           llDataStep(io, w.datatype, w.redop, lw);
         else
@@ -856,26 +794,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
        * of the tail (system scope, cumulative), as NCCL's one fence per post does */
       __syncthreads();
       if (shDataFail) return;
-      if (tid == 0) {
-        for (int k = 0; k < 2; k++) {
-          if (st.sendPeer[k] >= 0) {
-            const gcommDevConn_t& c = sendC[st.sendPeer[k]];
-            if (ll) { /* the flags carried the data; the tail only keeps count */
-              *c.tail = sendStep[k] + 1;
-            } else {
-              c.bytes[sendStep[k] % GCOMM_STEPS] = word;
-              stRelease(c.tail, sendStep[k] + 1);
-            }
-            *c.step = sendStep[k] + 1;
-          }
-          if (st.recvPeer[k] >= 0) {
-            const gcommDevConn_t& c = recvC[st.recvPeer[k]];
-            /* relaxed: this block's reads of the slot are done (their values are used) */
-            *c.head = recvStep[k] + 1;
-            *c.step = recvStep[k] + 1;
-          }
-        }
-      }
+      if (tid == 0) publishCounters(st, q, pos, ll, word);
       /* the next step reads the counters thread 0 just moved (every thread moving them to the
        * same value instead saves this barrier, but is a race by the letter: racecheck) */
       __syncthreads();
@@ -888,12 +807,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
   }
   if (cached) {
     __syncthreads();
-    const gcommDevConn_t* conns = (const gcommDevConn_t*)shCache;
-    const uint64_t* vals = (const uint64_t*)(conns + 2 * n);
-    const size_t nc = (size_t)comm.nLanes * n;
-    for (int i = tid; i < NC * n; i += blockDim.x)
-      if (vals[i] != vals[NC * n + i])
-        comm.steps[(i / n) * nc + (size_t)lane0 * n + i % n] = vals[i];
+    storeCounters(shCache, comm, lane0);
   }
 }
 

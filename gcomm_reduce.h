@@ -8,8 +8,11 @@
  * number of ranks (the post-operation). PreMulSum is Sum whose local inputs are first multiplied
  * by the rank's scalar and rounded to the type (the pre-operation), as NCCL's.
  *
- * The conversions here are the only ones: the host executor and the kernels call the same code,
- * so both give the same bits.
+ * Written once for both executors: the host executor (gcomm.c) runs the array loops at the end of
+ * this file, the kernels (gcomm_kernels.cu) the same element operators through gcommElem<datatype>.
+ * One difference, which changes no bit: in a kernel the narrow floats convert with the GPU's
+ * own instructions where it has them (gcomm_gpu.h), which give the same bits as the conversions
+ * here for every value.
  */
 #ifndef GCOMM_REDUCE_H
 #define GCOMM_REDUCE_H
@@ -19,6 +22,14 @@
 #include <string.h>
 
 #include "gcomm_sched.h" /* GCOMM_HD */
+#include "gcomm_types.h"
+
+/* In a kernel (the device pass of nvcc or hipcc), gcomm_gpu.h says which conversions the GPU has;
+ * elsewhere (the host executor, the host pass) none is used. */
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define GCOMM_GPU_CODE 1
+#include "gcomm_gpu.h"
+#endif
 
 GCOMM_HD float gcommHalfToFloat(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -126,6 +137,188 @@ GCOMM_HD uint8_t gcommFloatToFp8(float f, int e5m2) {
   return (uint8_t)(sign | r);
 }
 
+/* ---- A narrow float widened to float, and a float rounded back: in a kernel, the GPU's own
+ * conversions where it has them (one instruction each, where the ones above would be dozens in
+ * every unrolled step; they give the same bits for every value), else the ones above. ---- */
+GCOMM_HD float gcommWidenF16(uint16_t x) {
+#if defined(GCOMM_GPU_CODE) && defined(GCOMM_GPU_HALF)
+  return gcommGpuHalfToF(x);
+#else
+  return gcommHalfToFloat(x);
+#endif
+}
+GCOMM_HD uint16_t gcommRoundF16(float f) {
+#if defined(GCOMM_GPU_CODE) && defined(GCOMM_GPU_HALF)
+  return gcommGpuFToHalf(f);
+#else
+  return gcommFloatToHalf(f);
+#endif
+}
+GCOMM_HD float gcommWidenBf16(uint16_t x) {
+#if defined(GCOMM_GPU_CODE) && defined(GCOMM_GPU_BF16)
+  return gcommGpuBf16ToF(x);
+#else
+  return gcommBf16ToFloat(x);
+#endif
+}
+GCOMM_HD uint16_t gcommRoundBf16(float f) {
+#if defined(GCOMM_GPU_CODE) && defined(GCOMM_GPU_BF16)
+  return gcommGpuFToBf16(f);
+#else
+  return gcommFloatToBf16(f);
+#endif
+}
+GCOMM_HD float gcommWidenFp8(uint8_t x, int e5m2) {
+#if defined(GCOMM_GPU_CODE) && defined(GCOMM_GPU_FP8)
+  return gcommGpuFp8ToF(x, e5m2);
+#else
+  return e5m2 ? gcommFp8e5m2ToFloat(x) : gcommFp8e4m3ToFloat(x);
+#endif
+}
+GCOMM_HD uint8_t gcommRoundFp8(float f, int e5m2) {
+#if defined(GCOMM_GPU_CODE) && defined(GCOMM_GPU_FP8)
+  return gcommGpuFToFp8(f, e5m2);
+#else
+  return gcommFloatToFp8(f, e5m2);
+#endif
+}
+GCOMM_HD float gcommWidenE4m3(uint8_t x) {
+  return gcommWidenFp8(x, 0);
+}
+GCOMM_HD uint8_t gcommRoundE4m3(float f) {
+  return gcommRoundFp8(f, 0);
+}
+GCOMM_HD float gcommWidenE5m2(uint8_t x) {
+  return gcommWidenFp8(x, 1);
+}
+GCOMM_HD uint8_t gcommRoundE5m2(float f) {
+  return gcommRoundFp8(f, 1);
+}
+
+/* A product rounded to the type on its own: a kernel's compiler could otherwise fuse it into the
+ * sum that follows (one rounding instead of two, other bits than the host executor's). */
+GCOMM_HD float gcommMulRnF32(float a, float b) {
+#ifdef GCOMM_GPU_CODE
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+GCOMM_HD double gcommMulRnF64(double a, double b) {
+#ifdef GCOMM_GPU_CODE
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+/* ---- The operators on one element, for every datatype t (i8 u8 i32 u32 i64 u64 f16 f32 f64 bf16
+ * e4m3 e5m2, held in type T): gcommSum_t, gcommProd_t, gcommMax_t, gcommMin_t; gcommReduce_t(op,
+ * a, b), one of those by op (Avg and PreMulSum combine by Sum); gcommPreMul_t(a, s), PreMulSum's
+ * pre-operation, a times the scalar rounded to the type; gcommDiv_t(a, n), Avg's
+ * post-operation, a divided by the number of ranks. ---- */
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define GCOMM_HDI static __forceinline__ __host__ __device__
+#else
+#define GCOMM_HDI static inline
+#endif
+
+#define GCOMM_REDUCE_BY_OP(t, T)                         \
+  GCOMM_HDI T gcommReduce_##t(int op, T a, T b) {        \
+    if (op == gcommProd) return gcommProd_##t(a, b);     \
+    if (op == gcommMax) return gcommMax_##t(a, b);       \
+    if (op == gcommMin) return gcommMin_##t(a, b);       \
+    return gcommSum_##t(a, b); /* Sum, Avg, PreMulSum */ \
+  }
+
+/* Integers: Sum, Prod and PreMul in the unsigned type U, so that overflow wraps (signed overflow
+ * would be undefined); Avg's division truncates. */
+#define GCOMM_OPS_INT(t, T, U)            \
+  GCOMM_HDI T gcommSum_##t(T a, T b) {    \
+    return (T)((U)a + (U)b);              \
+  }                                       \
+  GCOMM_HDI T gcommProd_##t(T a, T b) {   \
+    return (T)((U)a * (U)b);              \
+  }                                       \
+  GCOMM_HDI T gcommMax_##t(T a, T b) {    \
+    return a > b ? a : b;                 \
+  }                                       \
+  GCOMM_HDI T gcommMin_##t(T a, T b) {    \
+    return a < b ? a : b;                 \
+  }                                       \
+  GCOMM_HDI T gcommPreMul_##t(T a, T s) { \
+    return (T)((U)a * (U)s);              \
+  }                                       \
+  GCOMM_HDI T gcommDiv_##t(T a, int n) {  \
+    return (T)(a / (T)n);                 \
+  }                                       \
+  GCOMM_REDUCE_BY_OP(t, T)
+
+/* float and double: IEEE arithmetic in the type, the pre-operation rounded on its own (P: F32 or
+ * F64, gcommMulRn's). */
+#define GCOMM_OPS_FLOAT(t, T, P)          \
+  GCOMM_HDI T gcommSum_##t(T a, T b) {    \
+    return a + b;                         \
+  }                                       \
+  GCOMM_HDI T gcommProd_##t(T a, T b) {   \
+    return a * b;                         \
+  }                                       \
+  GCOMM_HDI T gcommMax_##t(T a, T b) {    \
+    return a > b ? a : b;                 \
+  }                                       \
+  GCOMM_HDI T gcommMin_##t(T a, T b) {    \
+    return a < b ? a : b;                 \
+  }                                       \
+  GCOMM_HDI T gcommPreMul_##t(T a, T s) { \
+    return gcommMulRn##P(a, s);           \
+  }                                       \
+  GCOMM_HDI T gcommDiv_##t(T a, int n) {  \
+    return a / (T)n;                      \
+  }                                       \
+  GCOMM_REDUCE_BY_OP(t, T)
+
+/* 16- and 8-bit floats (their bits in T): widened to float, combined, rounded once (P: F16,
+ * Bf16, E4m3, E5m2, gcommWiden's and gcommRound's). Max and Min return an operand as it is. */
+#define GCOMM_OPS_NARROW(t, T, P)                              \
+  GCOMM_HDI T gcommSum_##t(T a, T b) {                         \
+    return gcommRound##P(gcommWiden##P(a) + gcommWiden##P(b)); \
+  }                                                            \
+  GCOMM_HDI T gcommProd_##t(T a, T b) {                        \
+    return gcommRound##P(gcommWiden##P(a) * gcommWiden##P(b)); \
+  }                                                            \
+  GCOMM_HDI T gcommMax_##t(T a, T b) {                         \
+    return gcommWiden##P(a) > gcommWiden##P(b) ? a : b;        \
+  }                                                            \
+  GCOMM_HDI T gcommMin_##t(T a, T b) {                         \
+    return gcommWiden##P(a) < gcommWiden##P(b) ? a : b;        \
+  }                                                            \
+  GCOMM_HDI T gcommPreMul_##t(T a, T s) {                      \
+    return gcommRound##P(gcommWiden##P(a) * gcommWiden##P(s)); \
+  }                                                            \
+  GCOMM_HDI T gcommDiv_##t(T a, int n) {                       \
+    return gcommRound##P(gcommWiden##P(a) / (float)n);         \
+  }                                                            \
+  GCOMM_REDUCE_BY_OP(t, T)
+
+/* Every datatype: X(gcommDataType_t, t, T, its kind of arithmetic, that kind's parameter). */
+#define GCOMM_DATATYPES(X)                        \
+  X(gcommInt8, i8, int8_t, INT, uint8_t)          \
+  X(gcommUint8, u8, uint8_t, INT, uint8_t)        \
+  X(gcommInt32, i32, int32_t, INT, uint32_t)      \
+  X(gcommUint32, u32, uint32_t, INT, uint32_t)    \
+  X(gcommInt64, i64, int64_t, INT, uint64_t)      \
+  X(gcommUint64, u64, uint64_t, INT, uint64_t)    \
+  X(gcommFloat16, f16, uint16_t, NARROW, F16)     \
+  X(gcommFloat32, f32, float, FLOAT, F32)         \
+  X(gcommFloat64, f64, double, FLOAT, F64)        \
+  X(gcommBfloat16, bf16, uint16_t, NARROW, Bf16)  \
+  X(gcommFloat8e4m3, e4m3, uint8_t, NARROW, E4m3) \
+  X(gcommFloat8e5m2, e5m2, uint8_t, NARROW, E5m2)
+
+#define GCOMM_DEFINE_OPS(TYPE, t, T, KIND, P) GCOMM_OPS_##KIND(t, T, P)
+GCOMM_DATATYPES(GCOMM_DEFINE_OPS)
+#undef GCOMM_DEFINE_OPS
+
 /* The operator code PreMulSum takes inside gcomm, past gcomm.h's (gcommNumOps): an operation's
  * created operator is replaced by it and its scalar when it is called. */
 #define GCOMM_OP_PREMULSUM 5
@@ -133,21 +326,117 @@ GCOMM_HD uint8_t gcommFloatToFp8(float f, int e5m2) {
 /* Bytes per element of each gcommDataType_t. */
 GCOMM_HD size_t gcommTypeSize(int type) {
   switch (type) {
-    case 0:
-    case 1:
-    case 10:
-    case 11:
-      return 1; /* Int8, Uint8, Float8e4m3, Float8e5m2 */
-    case 6:
-    case 9:
-      return 2; /* Float16, Bfloat16 */
-    case 4:
-    case 5:
-    case 8:
-      return 8; /* Int64, Uint64, Float64 */
+#define GCOMM_TYPE_SIZE(TYPE, t, T, KIND, P) \
+  case TYPE:                                 \
+    return sizeof(T);
+    GCOMM_DATATYPES(GCOMM_TYPE_SIZE)
+#undef GCOMM_TYPE_SIZE
     default:
       return 4;
   }
 }
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+/* ---- The kernels' view: gcommElem<datatype>::T and its operators, the op a constant there.
+ * ---- */
+template <int TYPE>
+struct gcommElem;
+#define GCOMM_ELEM(TYPE, t, T_, KIND, P)                                                           \
+  template <>                                                                                      \
+  struct gcommElem<TYPE> {                                                                         \
+    typedef T_ T;                                                                                  \
+    static __forceinline__ __host__ __device__ T reduce(int op, T a, T b) {                        \
+      return gcommReduce_##t(op, a, b);                                                            \
+    }                                                                                              \
+    static __forceinline__ __host__ __device__ T preMul(T a, T s) {                                \
+      return gcommPreMul_##t(a, s);                                                                \
+    }                                                                                              \
+    static __forceinline__ __host__ __device__ T divide(T a, int n) { return gcommDiv_##t(a, n); } \
+  };
+GCOMM_DATATYPES(GCOMM_ELEM)
+#undef GCOMM_ELEM
+
+#else
+/* ---- The host executor's loops over n elements at any byte address (a double at +1 is legal C
+ * data in a char buffer, where a plain T access is undefined): loads and stores through memcpy,
+ * which the compiler turns into one (vectorised, unaligned) access. ---- */
+#define GCOMM_LOAD(T, p, i)                                     \
+  ({                                                            \
+    T v_;                                                       \
+    memcpy(&v_, (const char*)(p) + (i) * sizeof(T), sizeof(T)); \
+    v_;                                                         \
+  })
+#define GCOMM_STORE(T, p, i, v)                           \
+  do {                                                    \
+    T v_ = (v);                                           \
+    memcpy((char*)(p) + (i) * sizeof(T), &v_, sizeof(T)); \
+  } while (0)
+#define GCOMM_REDUCE_LOOP(T, FN)                        \
+  for (size_t i = 0; i < n; i++) {                      \
+    T A = GCOMM_LOAD(T, a, i), B = GCOMM_LOAD(T, b, i); \
+    GCOMM_STORE(T, dst, i, FN(A, B));                   \
+  }
+
+/* dst[i] = a[i] op b[i] (dst may be a), dst[i] = a[i] * scalar (PreMulSum; dst may be a), and
+ * buf[i] /= nranks (Avg), for datatype t */
+#define GCOMM_HOST_LOOPS(TYPE, t, T, KIND, P)                                                  \
+  static inline void gcommReduceArray_##t(int op, void* dst, const void* a, const void* b,     \
+                                          size_t n) {                                          \
+    if (op == gcommProd) {                                                                     \
+      GCOMM_REDUCE_LOOP(T, gcommProd_##t)                                                      \
+    } else if (op == gcommMax) {                                                               \
+      GCOMM_REDUCE_LOOP(T, gcommMax_##t)                                                       \
+    } else if (op == gcommMin) {                                                               \
+      GCOMM_REDUCE_LOOP(T, gcommMin_##t)                                                       \
+    } else { /* Sum, Avg, PreMulSum */                                                         \
+      GCOMM_REDUCE_LOOP(T, gcommSum_##t)                                                       \
+    }                                                                                          \
+  }                                                                                            \
+  static inline void gcommPreMulArray_##t(void* dst, const void* a, size_t n, const void* s) { \
+    T S;                                                                                       \
+    memcpy(&S, s, sizeof(T));                                                                  \
+    for (size_t i = 0; i < n; i++)                                                             \
+      GCOMM_STORE(T, dst, i, gcommPreMul_##t(GCOMM_LOAD(T, a, i), S));                         \
+  }                                                                                            \
+  static inline void gcommDivideArray_##t(void* buf, size_t n, int nranks) {                   \
+    for (size_t i = 0; i < n; i++)                                                             \
+      GCOMM_STORE(T, buf, i, gcommDiv_##t(GCOMM_LOAD(T, buf, i), nranks));                     \
+  }
+GCOMM_DATATYPES(GCOMM_HOST_LOOPS)
+#undef GCOMM_HOST_LOOPS
+
+/* The loops above for a datatype (an operation's, checked when it was posted). */
+static inline void gcommReduceArray(int type, int op, void* dst, const void* a, const void* b,
+                                    size_t n) {
+  switch (type) {
+#define GCOMM_CASE(TYPE, t, T, KIND, P)     \
+  case TYPE:                                \
+    gcommReduceArray_##t(op, dst, a, b, n); \
+    return;
+    GCOMM_DATATYPES(GCOMM_CASE)
+#undef GCOMM_CASE
+  }
+}
+static inline void gcommPreMulArray(int type, void* dst, const void* a, size_t n, const void* s) {
+  switch (type) {
+#define GCOMM_CASE(TYPE, t, T, KIND, P) \
+  case TYPE:                            \
+    gcommPreMulArray_##t(dst, a, n, s); \
+    return;
+    GCOMM_DATATYPES(GCOMM_CASE)
+#undef GCOMM_CASE
+  }
+}
+static inline void gcommDivideArray(int type, void* buf, size_t n, int nranks) {
+  switch (type) {
+#define GCOMM_CASE(TYPE, t, T, KIND, P)   \
+  case TYPE:                              \
+    gcommDivideArray_##t(buf, n, nranks); \
+    return;
+    GCOMM_DATATYPES(GCOMM_CASE)
+#undef GCOMM_CASE
+  }
+}
+#endif /* the host executor's loops */
 
 #endif /* GCOMM_REDUCE_H */

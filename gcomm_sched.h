@@ -178,7 +178,12 @@ GCOMM_HD void gcommStepInit(gcommStep_t* st) {
   st->srcOff = st->dstOff = st->count = 0;
 }
 
-/* Binary tree over ranks renumbered so that root is 0. */
+/* ======================================================================================== */
+/* The building blocks: a binary tree, the direct (all-pairs) pattern, chunks of a round.    */
+/* ======================================================================================== */
+
+/* Binary tree over ranks renumbered v = (rank - root) mod n, so that root is 0: v's parent is
+ * (v - 1) / 2, its children 2v + 1 and 2v + 2 (those below n). */
 GCOMM_HD int gcommTreeParent(int rank, int root, int n) {
   int v = gcommMod(rank - root, n);
   return v == 0 ? -1 : (root + (v - 1) / 2) % n;
@@ -188,62 +193,45 @@ GCOMM_HD int gcommTreeChild(int rank, int root, int n, int which) {
   return c < n ? (root + c) % n : -1;
 }
 
-/* Tree going up (reduce toward root) or down (broadcast from root) for one chunk [off, off+c). */
-GCOMM_HD void gcommTreeStep(const gcommSched_t* s, int up, int srcBuf, size_t off, size_t c,
-                            gcommStep_t* st) {
-  int n = s->nranks, r = s->rank, parent = gcommTreeParent(r, s->root, n);
-  int c0 = gcommTreeChild(r, s->root, n, 0), c1 = gcommTreeChild(r, s->root, n, 1);
-  st->count = c;
-  st->srcOff = st->dstOff = off;
-  if (up) {
-    st->recvPeer[0] = c0;
-    st->recvPeer[1] = c1;
-    st->reduce = c0 >= 0;
-    st->src = GCOMM_BUF_IN;
-    if (parent < 0) {
-      st->dst = GCOMM_BUF_OUT;
-      st->postOp = 1;
-    } else {
-      st->sendPeer[0] = parent;
-    }
+/* Tree reduce of one chunk, up toward the root: each rank receives its children's partial
+ * results, combines them with its own input and sends the sum to its parent; the root writes the
+ * finished value (the post-operation applies there). A leaf only sends its input. */
+GCOMM_HD void gcommTreeUp(int r, int n, int root, gcommStep_t* st) {
+  int parent = gcommTreeParent(r, root, n), c0 = gcommTreeChild(r, root, n, 0);
+  st->recvPeer[0] = c0;
+  st->recvPeer[1] = gcommTreeChild(r, root, n, 1);
+  st->reduce = c0 >= 0;
+  st->src = GCOMM_BUF_IN;
+  if (parent < 0) {
+    st->dst = GCOMM_BUF_OUT;
+    st->postOp = 1;
   } else {
-    st->sendPeer[0] = c0;
-    st->sendPeer[1] = c1;
-    if (parent < 0) {
-      st->src = srcBuf;
-      if (srcBuf == GCOMM_BUF_IN) st->dst = GCOMM_BUF_OUT;
-    } else {
-      st->recvPeer[0] = parent;
-      st->dst = GCOMM_BUF_OUT;
-    }
+    st->sendPeer[0] = parent;
   }
 }
 
-/* The one-shot all-reduce with more than two ranks: every rank sends its input to every rank,
- * itself included (through its self FIFO), two a step, then sums the n inputs in rank order, two
- * a step: ((x0 op x1) op x2) op ... is then the same expression on every rank, so every rank gets
- * the same bits (a rank-dependent order could differ in the last bits for floating point). */
-GCOMM_HD void gcommOneShotInOrder(int r, int n, long t, size_t off, gcommStep_t* st) {
-  long half = (n + 1) / 2;
-  st->srcOff = st->dstOff = off;
-  if (t < half) {
-    st->src = GCOMM_BUF_IN;
-    st->sendPeer[0] = (r + 1 + 2 * (int)t) % n;
-    if (2 * t + 1 < n) st->sendPeer[1] = (r + 2 + 2 * (int)t) % n;
-    return;
+/* Tree broadcast of one chunk, down from the root: the root sends its value (from srcBuf, copied
+ * to its output when that is the input) to its children; every other rank receives it from its
+ * parent, writes it to its output and forwards it to its children. */
+GCOMM_HD void gcommTreeDown(int r, int n, int root, int srcBuf, gcommStep_t* st) {
+  int parent = gcommTreeParent(r, root, n);
+  st->sendPeer[0] = gcommTreeChild(r, root, n, 0);
+  st->sendPeer[1] = gcommTreeChild(r, root, n, 1);
+  if (parent < 0) {
+    st->src = srcBuf;
+    if (srcBuf == GCOMM_BUF_IN) st->dst = GCOMM_BUF_OUT;
+  } else {
+    st->recvPeer[0] = parent;
+    st->dst = GCOMM_BUF_OUT;
   }
-  long k = t - half; /* receives the inputs of ranks 2k and 2k+1 */
-  st->recvPeer[0] = (int)(2 * k);
-  if (2 * k + 1 < n) st->recvPeer[1] = (int)(2 * k + 1);
-  st->reduce = 1;
-  st->src = k == 0 ? GCOMM_BUF_NONE : GCOMM_BUF_OUT; /* the first step: in0 op in1 */
-  st->dst = GCOMM_BUF_OUT;
-  st->postOp = k == half - 1;
 }
 
 /* The direct pattern: in round step t, t < n-1 sends to rank+1+t, t == n-1 is the local part,
  * t >= n receives from rank-(t-n+1). Sends come first so that in-place buffers are read before
- * they are overwritten. Returns the peer (or this rank for the local part). */
+ * they are overwritten. It cannot deadlock: rank p sends to this rank at its step
+ * (rank-p-1) mod n < n-1, and sends wait on nothing but free slots, so every receive waits only
+ * on a step of its peer that comes strictly earlier. Returns the peer (or this rank for the local
+ * part). */
 GCOMM_HD int gcommDirectPeer(int rank, int n, long t, int* sending) {
   *sending = t < n - 1;
   if (t < n - 1) return (rank + 1 + (int)t) % n;
@@ -254,8 +242,7 @@ GCOMM_HD int gcommDirectPeer(int rank, int n, long t, int* sending) {
 /* A direct reduction in 2n-2 steps: send block p of the input to each rank p (t < n-1), then
  * reduce what every other rank sent, from rank-1 down to rank+1: the first of those steps takes
  * this rank's own input block as its operand, the others the output (blk: elements between
- * blocks; 0 when every rank reduces the whole range, as the one-shot AllReduce does). Rank p
- * sends to this rank at its step (rank-p-1) mod n < n-1, before this rank waits for it. */
+ * blocks; 0 when every rank reduces the whole range, as the one-shot AllReduce does). */
 GCOMM_HD void gcommDirectReduce(int r, int n, long t, size_t blk, size_t off, gcommStep_t* st) {
   st->srcOff = st->dstOff = off;
   st->src = GCOMM_BUF_IN;
@@ -305,16 +292,116 @@ GCOMM_HD size_t gcommBlockStart(size_t c, size_t pc, int k) {
   return gcommMinSize(c, pc * (size_t)k);
 }
 
-/* Two-shot AllReduce, one round of c elements cut into n blocks (as the ring's): first a direct
- * reduction of block r (gcommDirectReduce's order: send block p to rank p, then reduce what every
- * other rank sent, into output block r), then a direct exchange of the finished block r
- * (gcommDirectExchange's order: send it to every rank, then receive every other rank's). Two
- * hops instead of the ring's 2(n-1); each block is reduced by one rank and copied to the others,
- * so every rank gets the same bits. In place, input block p is sent before output block p is
- * written. */
-GCOMM_HD void gcommTwoShotStep(int r, int n, long t, size_t off, size_t c, size_t align,
-                               gcommStep_t* st) {
-  size_t pc = gcommRankBlock(c, n, align);
+/* Where a step falls: step t of its round, which covers elements [off, off + c) of the buffers.
+ * Rounds cut the channel's range [chanOff, chanOff + chanCount) into gcommSchedRoundElems pieces
+ * and each takes gcommSchedStepsPerRound steps, one round after the other; the tree AllReduce
+ * instead sends every round up the tree (t = 0) before any comes down (t = 1), so that the rounds
+ * pipeline along the tree. */
+typedef struct {
+  long t;
+  size_t off, c;
+} gcommRound_t;
+
+GCOMM_HD void gcommSchedRound(const gcommSched_t* s, long step, gcommRound_t* q) {
+  long per = gcommSchedStepsPerRound(s);
+  size_t round = gcommDiv((size_t)step, (size_t)per), relems = gcommSchedRoundElems(s);
+  long t = step - (long)round * per;
+  if (s->func == gcommFuncAllReduce && s->algo == gcommAlgoTree && s->nranks > 1) {
+    long nChunks = (long)gcommDivUp(s->chanCount, relems);
+    t = step < nChunks ? 0 : 1;
+    round = (size_t)(step < nChunks ? step : step - nChunks);
+  }
+  q->t = t;
+  q->off = s->chanOff + round * relems;
+  q->c = gcommMinSize(relems, s->chanOff + s->chanCount - q->off);
+}
+
+/* ======================================================================================== */
+/* One function per collective and algorithm: step q->t of a round on rank s->rank of n.     */
+/* Each starts from gcommStepInit's empty step with count q->c at srcOff = dstOff = q->off.  */
+/* R = s->count is the distance between per-rank blocks of the buffers.                      */
+/* ======================================================================================== */
+
+/* Ring AllReduce, a round of c elements cut into n chunks, ranks in a ring r -> r+1. At every step
+ * t (0 <= t <= 2n-2) rank r works on chunk k = (r - 1 - t) mod n, the one rank r-1 worked on at
+ * step t-1:
+ *   reduce-scatter, t = 0 .. n-1: at t = 0 rank r sends chunk r-1 of its input to r+1; at t > 0 it
+ *     receives from r-1 the partial result of chunk k (the inputs of ranks k+1 .. r-1), combines
+ *     it with its own input's chunk k and sends it on. At t = n-1, k = r and the result holds
+ *     every rank's input: rank r owns the finished chunk r (the post-operation applies here),
+ *     writes it to its output and sends it on, which starts
+ *   all-gather, t = n .. 2n-2: each rank writes the finished chunk it receives from r-1 to its
+ *     output and forwards it, except at the last step: its chunk r+1 is the one r+1 finished. */
+GCOMM_HD void gcommStepAllReduceRing(const gcommSched_t* s, const gcommRound_t* q,
+                                     gcommStep_t* st) {
+  int n = s->nranks, r = s->rank;
+  long t = q->t;
+  size_t pc = gcommRankBlock(q->c, n, s->align);
+  int k = gcommMod(r - 1 - (int)t, n);
+  st->srcOff = st->dstOff = q->off + gcommBlockStart(q->c, pc, k);
+  st->count = gcommBlockStart(q->c, pc, k + 1) - gcommBlockStart(q->c, pc, k);
+  if (t > 0) st->recvPeer[0] = gcommMod(r - 1, n);
+  if (t < 2 * n - 2) st->sendPeer[0] = (r + 1) % n;
+  if (t < n) {
+    st->src = GCOMM_BUF_IN;
+    st->reduce = t > 0;
+  }
+  if (t >= n - 1) st->dst = GCOMM_BUF_OUT;
+  st->postOp = t == n - 1;
+}
+
+/* Tree AllReduce: a tree reduce toward rank 0 (t = 0), then a tree broadcast of rank 0's output
+ * (t = 1), each pipelined over the rounds (gcommSchedRound). */
+GCOMM_HD void gcommStepAllReduceTree(const gcommSched_t* s, const gcommRound_t* q,
+                                     gcommStep_t* st) {
+  if (q->t == 0)
+    gcommTreeUp(s->rank, s->nranks, 0, st);
+  else
+    gcommTreeDown(s->rank, s->nranks, 0, GCOMM_BUF_OUT, st);
+}
+
+/* One-shot (direct) AllReduce with more than two ranks: every rank sends its input to every rank,
+ * itself included (through its self FIFO), two a step, then combines the n inputs in rank order,
+ * two a step: ((x0 op x1) op x2) op ... is then the same expression on every rank, so every rank
+ * gets the same bits (a rank-dependent order could differ in the last bits for floating point).
+ * With two ranks, a direct reduction: x0 op x1 == x1 op x0, the same bits. */
+GCOMM_HD void gcommStepAllReduceOneShot(const gcommSched_t* s, const gcommRound_t* q,
+                                        gcommStep_t* st) {
+  int n = s->nranks, r = s->rank;
+  long t = q->t, half = (n + 1) / 2;
+  if (n == 2) {
+    gcommDirectReduce(r, n, t, 0, q->off, st);
+    return;
+  }
+  if (t < half) { /* send the input to ranks r+1+2t and r+2+2t */
+    st->src = GCOMM_BUF_IN;
+    st->sendPeer[0] = (r + 1 + 2 * (int)t) % n;
+    if (2 * t + 1 < n) st->sendPeer[1] = (r + 2 + 2 * (int)t) % n;
+    return;
+  }
+  long k = t - half; /* combine the inputs of ranks 2k and 2k+1 into the output */
+  st->recvPeer[0] = (int)(2 * k);
+  if (2 * k + 1 < n) st->recvPeer[1] = (int)(2 * k + 1);
+  st->reduce = 1;
+  st->src = k == 0 ? GCOMM_BUF_NONE : GCOMM_BUF_OUT; /* the first step: in0 op in1 */
+  st->dst = GCOMM_BUF_OUT;
+  st->postOp = k == half - 1;
+}
+
+/* Two-shot AllReduce, a round of c elements cut into n blocks (as the ring's):
+ *   reduce-scatter, t = 0 .. 2n-3: a direct reduction of block r (gcommDirectReduce's order: send
+ *     block p of the input to rank p, then combine what every other rank sent into output
+ *     block r);
+ *   all-gather, t = 2n-2 .. 4n-4: a direct exchange of the finished block r (gcommDirectPeer's
+ *     order: send it to every rank, then receive every other rank's into its output block).
+ * Two hops instead of the ring's 2(n-1); each block is reduced by one rank and copied to the
+ * others, so every rank gets the same bits. In place, input block p is sent before output block
+ * p is written. */
+GCOMM_HD void gcommStepAllReduceTwoShot(const gcommSched_t* s, const gcommRound_t* q,
+                                        gcommStep_t* st) {
+  int n = s->nranks, r = s->rank;
+  long t = q->t;
+  size_t off = q->off, c = q->c, pc = gcommRankBlock(c, n, s->align);
   if (t < 2 * n - 2) { /* reduce-scatter */
     gcommDirectReduce(r, n, t, 0, 0, st);
     int k = t < n - 1 ? st->sendPeer[0] : r; /* the block this step moves */
@@ -339,26 +426,161 @@ GCOMM_HD void gcommTwoShotStep(int r, int n, long t, size_t off, size_t c, size_
   }
 }
 
-/* Step number `step` (0 <= step < gcommSchedNumSteps) of this rank. */
-GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* st) {
-  int n = s->nranks, r = s->rank;
-  long per = gcommSchedStepsPerRound(s);
-  size_t round = gcommDiv((size_t)step, (size_t)per), relems = gcommSchedRoundElems(s);
-  long t = step - (long)round * per;
-  if (s->func == gcommFuncAllReduce && s->algo == gcommAlgoTree && n > 1) {
-    /* every chunk goes up the tree before any comes down, so the chunks pipeline */
-    long nChunks = (long)gcommDivUp(s->chanCount, relems);
-    t = step < nChunks ? 0 : 1;
-    round = (size_t)(step < nChunks ? step : step - nChunks);
+/* Chain Broadcast (the ring algorithm): root -> root+1 -> ... -> root-1. The root sends its input
+ * to r+1 and copies it to its output; every other rank receives from r-1, writes the data to its
+ * output and forwards it to r+1 unless r+1 is the root. Rounds pipeline along the chain. */
+GCOMM_HD void gcommStepBroadcastChain(const gcommSched_t* s, gcommStep_t* st) {
+  int n = s->nranks, r = s->rank, next = (r + 1) % n;
+  if (r == s->root) {
+    st->src = GCOMM_BUF_IN;
+    st->dst = GCOMM_BUF_OUT;
+    st->sendPeer[0] = next;
+    return;
   }
-  size_t off = s->chanOff + round * relems; /* start of this round */
-  size_t c = gcommMinSize(relems, s->chanOff + s->chanCount - off);
-  size_t R = s->count;
-  int sending, p, next = (r + 1) % n, prev = gcommMod(r - 1, n);
-  gcommStepInit(st);
-  st->count = c;
-  st->srcOff = st->dstOff = off;
+  st->dst = GCOMM_BUF_OUT;
+  st->recvPeer[0] = gcommMod(r - 1, n);
+  if (next != s->root) st->sendPeer[0] = next;
+}
 
+/* Direct Broadcast: the root sends its input to every other rank, one a step in gcommDirectPeer's
+ * order, then copies it to its own output (step n-1); every other rank receives from the root. */
+GCOMM_HD void gcommStepBroadcastDirect(const gcommSched_t* s, const gcommRound_t* q,
+                                       gcommStep_t* st) {
+  int sending, p;
+  if (s->rank != s->root) {
+    st->dst = GCOMM_BUF_OUT;
+    st->recvPeer[0] = s->root;
+    return;
+  }
+  st->src = GCOMM_BUF_IN;
+  p = gcommDirectPeer(s->rank, s->nranks, q->t, &sending);
+  if (sending)
+    st->sendPeer[0] = p;
+  else
+    st->dst = GCOMM_BUF_OUT;
+}
+
+/* Chain Reduce (the ring algorithm): root+1 -> root+2 -> ... -> root. Rank root+1 sends its input
+ * to r+1; every later rank receives the partial result from r-1, combines its own input with it
+ * and sends it on, the root writing the finished value (the post-operation applies there). */
+GCOMM_HD void gcommStepReduceChain(const gcommSched_t* s, gcommStep_t* st) {
+  int n = s->nranks, r = s->rank, prev = gcommMod(r - 1, n);
+  st->src = GCOMM_BUF_IN;
+  if (prev != s->root) {
+    st->recvPeer[0] = prev;
+    st->reduce = 1;
+  }
+  if (r == s->root) {
+    st->dst = GCOMM_BUF_OUT;
+    st->postOp = 1;
+  } else {
+    st->sendPeer[0] = (r + 1) % n;
+  }
+}
+
+/* Direct Reduce: every other rank sends its input to the root. The root copies its own input to
+ * its output (t = 0), then combines into it what rank root+t sent, t = 1 .. n-1 (the
+ * post-operation at the last). */
+GCOMM_HD void gcommStepReduceDirect(const gcommSched_t* s, const gcommRound_t* q, gcommStep_t* st) {
+  int r = s->rank;
+  long t = q->t;
+  if (r != s->root) {
+    st->src = GCOMM_BUF_IN;
+    st->sendPeer[0] = s->root;
+  } else if (t == 0) {
+    st->src = GCOMM_BUF_IN;
+    st->dst = GCOMM_BUF_OUT;
+  } else {
+    st->recvPeer[0] = (r + (int)t) % s->nranks;
+    st->src = GCOMM_BUF_OUT;
+    st->reduce = 1;
+    st->dst = GCOMM_BUF_OUT;
+    st->postOp = t == s->nranks - 1;
+  }
+}
+
+/* Ring AllGather, ranks in a ring r -> r+1: at step t (0 <= t <= n-1) rank r holds block
+ * (r - t) mod n and writes it to that block of its output: its own input at t = 0, else what it
+ * receives from r-1. It sends the block on to r+1 except at the last step (r+1 owns that block). */
+GCOMM_HD void gcommStepAllGatherRing(const gcommSched_t* s, const gcommRound_t* q,
+                                     gcommStep_t* st) {
+  int n = s->nranks, r = s->rank;
+  long t = q->t;
+  st->dstOff = gcommMod(r - (int)t, n) * s->count + q->off;
+  st->dst = GCOMM_BUF_OUT;
+  if (t == 0)
+    st->src = GCOMM_BUF_IN;
+  else
+    st->recvPeer[0] = gcommMod(r - 1, n);
+  if (t < n - 1) st->sendPeer[0] = (r + 1) % n;
+}
+
+/* Ring ReduceScatter, ranks in a ring r -> r+1: at step t (0 <= t <= n-1) rank r works on block
+ * k = (r - 1 - t) mod n. At t = 0 it sends block k of its input to r+1; at t > 0 it receives from
+ * r-1 the partial result of block k, combines block k of its own input with it, and sends it on;
+ * at t = n-1, k = r holds every rank's input: it goes to the output (the post-operation). */
+GCOMM_HD void gcommStepReduceScatterRing(const gcommSched_t* s, const gcommRound_t* q,
+                                         gcommStep_t* st) {
+  int n = s->nranks, r = s->rank;
+  long t = q->t;
+  st->src = GCOMM_BUF_IN;
+  st->srcOff = gcommMod(r - 1 - (int)t, n) * s->count + q->off;
+  if (t > 0) {
+    st->recvPeer[0] = gcommMod(r - 1, n);
+    st->reduce = 1;
+  }
+  if (t < n - 1) {
+    st->sendPeer[0] = (r + 1) % n;
+  } else {
+    st->dst = GCOMM_BUF_OUT;
+    st->postOp = 1;
+  }
+}
+
+/* Gather: every other rank sends its input to the root. The root writes its own input to output
+ * block root (t = 0), then what rank root+t sent to output block root+t, t = 1 .. n-1. */
+GCOMM_HD void gcommStepGather(const gcommSched_t* s, const gcommRound_t* q, gcommStep_t* st) {
+  int r = s->rank, p = (r + (int)q->t) % s->nranks;
+  if (r != s->root) {
+    st->src = GCOMM_BUF_IN;
+    st->sendPeer[0] = s->root;
+    return;
+  }
+  if (q->t == 0)
+    st->src = GCOMM_BUF_IN;
+  else
+    st->recvPeer[0] = p;
+  st->dst = GCOMM_BUF_OUT;
+  st->dstOff = p * s->count + q->off;
+}
+
+/* Scatter: the root sends input block p to each other rank p, in gcommDirectPeer's order, then
+ * copies its own block to its output (step n-1); every other rank receives from the root. */
+GCOMM_HD void gcommStepScatter(const gcommSched_t* s, const gcommRound_t* q, gcommStep_t* st) {
+  int sending, p;
+  if (s->rank != s->root) {
+    st->recvPeer[0] = s->root;
+    st->dst = GCOMM_BUF_OUT;
+    return;
+  }
+  p = gcommDirectPeer(s->rank, s->nranks, q->t, &sending);
+  st->src = GCOMM_BUF_IN;
+  st->srcOff = p * s->count + q->off;
+  if (sending)
+    st->sendPeer[0] = p;
+  else
+    st->dst = GCOMM_BUF_OUT;
+}
+
+/* Step number `step` (0 <= step < gcommSchedNumSteps) of this rank. Send and Recv move their
+ * chunks one a step to or from the peer; on one rank every collective is a copy. */
+GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* st) {
+  int n = s->nranks, r = s->rank, algo = s->algo;
+  gcommRound_t q;
+  gcommSchedRound(s, step, &q);
+  gcommStepInit(st);
+  st->count = q.c;
+  st->srcOff = st->dstOff = q.off;
   if (s->func == gcommFuncSend) {
     st->src = GCOMM_BUF_IN;
     st->sendPeer[0] = s->peer;
@@ -369,167 +591,58 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
     st->recvPeer[0] = s->peer;
     return;
   }
-  if (n == 1) { /* every collective is a copy on one rank */
+  if (n == 1) {
     st->src = GCOMM_BUF_IN;
     st->dst = GCOMM_BUF_OUT;
     return;
   }
-
   switch (s->func) {
     case gcommFuncAllReduce:
-      if (s->algo == gcommAlgoRing) {
-        /* reduce-scatter then all-gather; rank r ends the reduction of chunk r */
-        size_t pc = gcommRankBlock(c, n, s->align); /* per-rank chunk */
-        int k;                                      /* which rank's chunk this step handles */
-        if (t < n)
-          k = gcommMod(r - 1 - (int)t, n);
-        else
-          k = gcommMod(r - (int)(t - n + 1), n);
-        if (t == n - 1) k = r;
-        if (t == 2 * n - 2) k = next;
-        st->srcOff = st->dstOff = off + gcommBlockStart(c, pc, k);
-        st->count = gcommBlockStart(c, pc, k + 1) - gcommBlockStart(c, pc, k);
-        if (t > 0) st->recvPeer[0] = prev;
-        if (t < 2 * n - 2) st->sendPeer[0] = next;
-        if (t < n) {
-          st->src = GCOMM_BUF_IN;
-          st->reduce = t > 0;
-        }
-        if (t >= n - 1) st->dst = GCOMM_BUF_OUT;
-        st->postOp = t == n - 1;
-      } else if (s->algo == gcommAlgoTree) {
-        gcommSched_t up = *s;
-        up.root = 0;
-        gcommTreeStep(&up, t == 0, GCOMM_BUF_OUT, off, c, st);
-      } else if (s->algo == gcommAlgoTwoShot) {
-        gcommTwoShotStep(r, n, t, off, c, s->align, st);
-      } else {
-        if (n == 2)
-          gcommDirectReduce(r, n, t, 0, off, st); /* x0 op x1 == x1 op x0: the same bits */
-        else
-          gcommOneShotInOrder(r, n, t, off, st);
-      }
+      if (algo == gcommAlgoRing)
+        gcommStepAllReduceRing(s, &q, st);
+      else if (algo == gcommAlgoTree)
+        gcommStepAllReduceTree(s, &q, st);
+      else if (algo == gcommAlgoTwoShot)
+        gcommStepAllReduceTwoShot(s, &q, st);
+      else
+        gcommStepAllReduceOneShot(s, &q, st);
       return;
-
     case gcommFuncBroadcast:
-      if (s->algo == gcommAlgoTree) {
-        gcommTreeStep(s, 0, GCOMM_BUF_IN, off, c, st);
-      } else if (r == s->root) {
-        st->src = GCOMM_BUF_IN;
-        if (s->algo == gcommAlgoRing) {
-          st->dst = GCOMM_BUF_OUT;
-          st->sendPeer[0] = next;
-        } else {
-          p = gcommDirectPeer(r, n, t, &sending);
-          if (sending)
-            st->sendPeer[0] = p;
-          else
-            st->dst = GCOMM_BUF_OUT;
-        }
-      } else {
-        st->dst = GCOMM_BUF_OUT;
-        st->recvPeer[0] = s->algo == gcommAlgoRing ? prev : s->root;
-        if (s->algo == gcommAlgoRing && next != s->root) st->sendPeer[0] = next;
-      }
+      if (algo == gcommAlgoTree)
+        gcommTreeDown(r, n, s->root, GCOMM_BUF_IN, st);
+      else if (algo == gcommAlgoRing)
+        gcommStepBroadcastChain(s, st);
+      else
+        gcommStepBroadcastDirect(s, &q, st);
       return;
-
     case gcommFuncReduce:
-      if (s->algo == gcommAlgoTree) {
-        gcommTreeStep(s, 1, GCOMM_BUF_IN, off, c, st);
-      } else if (s->algo == gcommAlgoRing) { /* chain root+1 -> ... -> root */
-        st->src = GCOMM_BUF_IN;
-        if (prev != s->root) {
-          st->recvPeer[0] = prev;
-          st->reduce = 1;
-        }
-        if (r == s->root) {
-          st->dst = GCOMM_BUF_OUT;
-          st->postOp = 1;
-        } else {
-          st->sendPeer[0] = next;
-        }
-      } else if (r != s->root) {
-        st->src = GCOMM_BUF_IN;
-        st->sendPeer[0] = s->root;
-      } else if (t == 0) {
-        st->src = GCOMM_BUF_IN;
-        st->dst = GCOMM_BUF_OUT;
-      } else {
-        st->recvPeer[0] = (r + (int)t) % n;
-        st->src = GCOMM_BUF_OUT;
-        st->reduce = 1;
-        st->dst = GCOMM_BUF_OUT;
-        st->postOp = t == n - 1;
-      }
+      if (algo == gcommAlgoTree)
+        gcommTreeUp(r, n, s->root, st);
+      else if (algo == gcommAlgoRing)
+        gcommStepReduceChain(s, st);
+      else
+        gcommStepReduceDirect(s, &q, st);
       return;
-
-    case gcommFuncAllGather:
-      if (s->algo == gcommAlgoRing) { /* step t forwards block r-t */
-        p = gcommMod(r - (int)t, n);
-        st->dstOff = p * R + off;
-        st->dst = GCOMM_BUF_OUT;
-        if (t == 0)
-          st->src = GCOMM_BUF_IN;
-        else
-          st->recvPeer[0] = prev;
-        if (t < n - 1) st->sendPeer[0] = next;
-      } else {
-        gcommDirectExchange(r, n, t, 0, R, off, st); /* every rank sends the same block */
-      }
+    case gcommFuncAllGather: /* direct: every rank sends the same block to all */
+      if (algo == gcommAlgoRing)
+        gcommStepAllGatherRing(s, &q, st);
+      else
+        gcommDirectExchange(r, n, q.t, 0, s->count, q.off, st);
       return;
-
-    case gcommFuncReduceScatter:
-      if (s->algo == gcommAlgoRing) { /* step t reduces block r-1-t; the last is block r */
-        p = gcommMod(r - 1 - (int)t, n);
-        st->src = GCOMM_BUF_IN;
-        st->srcOff = p * R + off;
-        if (t > 0) {
-          st->recvPeer[0] = prev;
-          st->reduce = 1;
-        }
-        if (t < n - 1) {
-          st->sendPeer[0] = next;
-        } else {
-          st->dst = GCOMM_BUF_OUT;
-          st->postOp = 1;
-        }
-      } else {
-        gcommDirectReduce(r, n, t, R, off, st);
-      }
+    case gcommFuncReduceScatter: /* direct: each rank reduces its own block */
+      if (algo == gcommAlgoRing)
+        gcommStepReduceScatterRing(s, &q, st);
+      else
+        gcommDirectReduce(r, n, q.t, s->count, q.off, st);
       return;
-
-    case gcommFuncAllToAll:
-      gcommDirectExchange(r, n, t, R, R, off, st);
+    case gcommFuncAllToAll: /* direct: block p of the input to rank p */
+      gcommDirectExchange(r, n, q.t, s->count, s->count, q.off, st);
       return;
-
     case gcommFuncGather:
-      if (r != s->root) {
-        st->src = GCOMM_BUF_IN;
-        st->sendPeer[0] = s->root;
-        return;
-      }
-      p = (r + (int)t) % n;
-      if (t == 0)
-        st->src = GCOMM_BUF_IN;
-      else
-        st->recvPeer[0] = p;
-      st->dst = GCOMM_BUF_OUT;
-      st->dstOff = p * R + off;
+      gcommStepGather(s, &q, st);
       return;
-
     case gcommFuncScatter:
-      if (r != s->root) {
-        st->recvPeer[0] = s->root;
-        st->dst = GCOMM_BUF_OUT;
-        return;
-      }
-      p = gcommDirectPeer(r, n, t, &sending);
-      st->src = GCOMM_BUF_IN;
-      st->srcOff = p * R + off;
-      if (sending)
-        st->sendPeer[0] = p;
-      else
-        st->dst = GCOMM_BUF_OUT;
+      gcommStepScatter(s, &q, st);
       return;
   }
 }

@@ -46,8 +46,8 @@ hello() {
 
 installed() {
   local root=$1
-  for f in include/gcomm.h include/gcomm_profiler.h lib/libgcomm.a lib/libgcomm.so \
-    lib/pkgconfig/gcomm.pc lib/cmake/gcomm/gcommConfig.cmake \
+  for f in include/gcomm.h include/gcomm_types.h include/gcomm_profiler.h lib/libgcomm.a \
+    lib/libgcomm.so lib/pkgconfig/gcomm.pc lib/cmake/gcomm/gcommConfig.cmake \
     lib/cmake/gcomm/gcommConfigVersion.cmake lib/libgcomm-profiler-trace.so bin/gcomm_perf \
     bin/gcomm_schedule; do
     [ -e "$root/$f" ] || { echo "missing: $root/$f"; return 1; }
