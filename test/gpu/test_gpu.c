@@ -167,7 +167,10 @@ static gcommRedOp_t caseOp(gcommComm_t comm, cudaStream_t s, int dt, int op) {
     memcpy(right, wrong, sizeof(right)); /* read when the operator was made */
     return redop;
   }
-  CU(cudaMemcpy(dScalar, wrong, sizeof(wrong), cudaMemcpyHostToDevice));
+  /* both copies on s, in order: a cudaMemcpy from pageable memory may land after it returns, and
+   * s (non-blocking) would not wait for it, so the wrong value could land last */
+  CU(cudaMemcpyAsync(dScalar, wrong, sizeof(wrong), cudaMemcpyHostToDevice, s));
+  CU(cudaStreamSynchronize(s));
   CK(gcommRedOpCreatePreMulSum(&redop, dScalar, dt, gcommScalarDevice, comm));
   CU(cudaMemcpyAsync(dScalar, right, sizeof(right), cudaMemcpyHostToDevice, s));
   CU(cudaStreamSynchronize(s)); /* the copy reads right[] on this stack */
