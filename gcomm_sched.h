@@ -2,7 +2,7 @@
  * gcomm_sched.h - every algorithm's schedule, written once.
  *
  * A collective on one channel is a sequence of steps. A step moves at most one FIFO slot of data
- * and is one of the data-movement verbs of DESIGN.md, spelled as fields:
+ * and is one of the data-movement verbs (send, recv, and their combinations), spelled as fields:
  *
  *   value = recv data from recvPeer[] (combined with the local operand src when reduce is set),
  *           or the local operand src when there is nothing to receive;
