@@ -137,11 +137,12 @@ gcommResult_t gcommCommSplit(gcommComm_t comm, int color, int key, gcommComm_t* 
 
 gcommResult_t gcommCommAbort(gcommComm_t comm) {
   GCOMM_CHECK(gcommCheckComm(comm, __func__));
+  /* the error before the flag: a wait that sees the flag returns the error, never success */
+  gcommSetAsyncError(comm, gcommAborted);
   __atomic_store_n(&comm->abortFlag, 1, __ATOMIC_RELEASE);
 #ifdef GCOMM_GPU
   gcommDeviceAbort(comm); /* kernels poll it */
 #endif
-  gcommSetAsyncError(comm, gcommAborted);
   pthread_mutex_lock(&comm->postLock);
   pthread_cond_signal(&comm->postCond);
   pthread_mutex_unlock(&comm->postLock);
