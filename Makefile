@@ -210,7 +210,11 @@ ifeq ($(CUDA),1)
 $(BUILD)/test/gpu/%: test/gpu/%.c test/gpu/gpucheck.h $(BUILD)/libgcomm.a $(PUB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
-gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/test/gpu/test_gpu_stress $(BUILD)/gcomm_perf $(PLUGINS)
+# the vector collectives' comparison with MPI's, on device buffers
+$(BUILD)/test/gpu/test_vcoll_gpu: test/test_vcoll.c test/testlib.h $(BUILD)/libgcomm.a $(PUB_HDR) $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -DTEST_ON_GPU -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
+gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/test/gpu/test_gpu_stress $(BUILD)/test/gpu/test_vcoll_gpu $(BUILD)/gcomm_perf $(PLUGINS)
 .PHONY: gpu-test
 endif
 

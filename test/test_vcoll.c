@@ -9,6 +9,10 @@
  * channels), out of place, in place (where the call has a form for it) and two calls in one
  * group; the roots move. Then bad arguments (each refused, naming what is wrong) and ranks that
  * disagree on AllGatherV's counts (gcommInvalidUsage naming the count, nobody hangs).
+ *
+ * Built with -DTEST_ON_GPU (make CUDA=1 gpu-test: test/gpu/test_vcoll_gpu), the same comparisons
+ * run on a GPU communicator: every gcomm buffer is mirrored in device memory, the collectives run
+ * on the device copies and the results are copied back before they are compared with MPI's.
  */
 #include "test/testlib.h"
 
@@ -22,6 +26,88 @@ static const struct {
 } types[] = {{gcommInt8, "int8", 1}, {gcommInt32, "int32", 4}, {gcommFloat64, "float64", 8}};
 
 static gcommComm_t comm;
+
+#ifdef TEST_ON_GPU
+#include <cuda_runtime.h>
+
+/* A host buffer and its device copy: D(p) is the device address of host address p. */
+static struct {
+  char *host, *dev;
+  size_t bytes;
+} mirrors[8];
+static int nMirrors;
+static cudaStream_t stream;
+static const int onGpu = 1;
+#define STREAM stream
+
+static void cudaOk(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  fprintf(stderr, "rank %d: %s: %s\n", tlRank, what, cudaGetErrorString(err));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+static char* mirrored(char* host, size_t bytes) {
+  if (nMirrors == 8) cudaOk(cudaErrorMemoryAllocation, "more than 8 mirrored buffers");
+  mirrors[nMirrors].host = host, mirrors[nMirrors].bytes = bytes + 1; /* + the guard byte */
+  cudaOk(cudaMalloc((void**)&mirrors[nMirrors].dev, bytes + 1), "cudaMalloc");
+  nMirrors++;
+  return host;
+}
+
+static void* D(const void* p) {
+  for (int k = 0; k < nMirrors; k++)
+    if ((const char*)p >= mirrors[k].host && (const char*)p <= mirrors[k].host + mirrors[k].bytes)
+      return mirrors[k].dev + ((const char*)p - mirrors[k].host);
+  return (void*)p;
+}
+
+static void copyMirrors(int toDevice) {
+  for (int k = 0; k < nMirrors; k++)
+    cudaOk(
+        toDevice
+            ? cudaMemcpy(mirrors[k].dev, mirrors[k].host, mirrors[k].bytes, cudaMemcpyHostToDevice)
+            : cudaMemcpy(mirrors[k].host, mirrors[k].dev, mirrors[k].bytes, cudaMemcpyDeviceToHost),
+        "cudaMemcpy");
+}
+
+static void release(char* p) {
+  for (int k = 0; k < nMirrors; k++)
+    if (mirrors[k].host == p) {
+      cudaOk(cudaFree(mirrors[k].dev), "cudaFree");
+      mirrors[k] = mirrors[--nMirrors];
+      break;
+    }
+  free(p);
+}
+
+/* Ranks of a node take GPUs round robin (TEST_NGPUS limits how many), as test_gpu does. */
+static void selectDevice(void) {
+  MPI_Comm node;
+  int local = 0, ndev = 0;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, tlRank, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_free(&node);
+  cudaOk(cudaGetDeviceCount(&ndev), "cudaGetDeviceCount");
+  const char* limit = getenv("TEST_NGPUS");
+  if (limit && atoi(limit) > 0 && atoi(limit) < ndev) ndev = atoi(limit);
+  cudaOk(cudaSetDevice(local % ndev), "cudaSetDevice");
+  cudaOk(cudaStreamCreate(&stream), "cudaStreamCreate");
+}
+#else
+static const int onGpu = 0;
+#define STREAM NULL
+#define D(p) (p)
+static char* mirrored(char* host, size_t bytes) {
+  (void)bytes;
+  return host;
+}
+static void copyMirrors(int toDevice) {
+  (void)toDevice;
+}
+static void release(char* p) {
+  free(p);
+}
+#endif
 
 /* Elements rank i sends rank j in the test seeded seed: 0 about a third of the time. */
 static size_t pairCount(uint64_t seed, int i, int j, size_t max) {
@@ -58,15 +144,21 @@ static char* poisoned(size_t bytes) {
   return p;
 }
 
+/* A poisoned buffer gcomm writes (mirrored on the device in the GPU build). */
+static char* output(size_t bytes) {
+  return mirrored(poisoned(bytes), bytes);
+}
+
 static char* randomBytes(size_t bytes, uint64_t seed) {
   char* p = malloc(bytes + 1);
   tlFillRandom(p, bytes, gcommUint8, seed, tlRank);
-  return p;
+  return mirrored(p, bytes);
 }
 
 /* Waits, then compares got (and got2 for a group's second call) with MPI's want. */
 static void finish(const char* got, const char* got2, const char* want, size_t bytes) {
-  if (TL_OK(comm, gcommWait(comm, NULL)) != gcommSuccess) return;
+  if (TL_OK(comm, gcommWait(comm, STREAM)) != gcommSuccess) return;
+  copyMirrors(0);
   for (int k = 0; k < 2; k++) {
     const char* g = k ? got2 : got;
     if (g == NULL) continue;
@@ -85,7 +177,7 @@ static void testAllGatherV(int t, size_t max, int mode, uint64_t seed) {
   for (int k = 0; k < n; k++) counts[k] = pairCount(seed, k, 0, max);
   size_t span = layout(seed, counts, n, displs), bytes = span * esz;
   char *send = randomBytes(counts[me] * esz, seed), *want = poisoned(bytes);
-  char *got = poisoned(bytes), *got2 = mode == GROUPED ? poisoned(bytes) : NULL;
+  char *got = output(bytes), *got2 = mode == GROUPED ? output(bytes) : NULL;
   toMpi(counts, displs, esz, n, ic, id);
   if (n == 1) /* MPICH 4.0's MPI_Allgatherv on one rank ignores displs[0]: the copy is the answer */
     memcpy(want + displs[0] * esz, send, counts[0] * esz);
@@ -96,14 +188,17 @@ static void testAllGatherV(int t, size_t max, int mode, uint64_t seed) {
     memcpy(got + displs[me] * esz, send, counts[me] * esz);
     in = got + displs[me] * esz;
   }
+  copyMirrors(1);
   if (mode == GROUPED) TL_OK(comm, gcommGroupStart());
-  TL_OK(comm, gcommAllGatherV(in, counts[me], got, counts, displs, types[t].type, comm, NULL));
+  TL_OK(comm,
+        gcommAllGatherV(D(in), counts[me], D(got), counts, displs, types[t].type, comm, STREAM));
   if (mode == GROUPED) {
-    TL_OK(comm, gcommAllGatherV(in, counts[me], got2, counts, displs, types[t].type, comm, NULL));
+    TL_OK(comm,
+          gcommAllGatherV(D(in), counts[me], D(got2), counts, displs, types[t].type, comm, STREAM));
     TL_OK(comm, gcommGroupEnd());
   }
   finish(got, got2, want, bytes);
-  free(send), free(want), free(got), free(got2);
+  release(send), free(want), release(got), release(got2);
 }
 
 static void testAllToAllV(int t, size_t max, int mode, uint64_t seed) {
@@ -113,19 +208,20 @@ static void testAllToAllV(int t, size_t max, int mode, uint64_t seed) {
     sc[k] = pairCount(seed, me, k, max), rc[k] = pairCount(seed, k, me, max);
   size_t inBytes = layout(seed ^ (uint64_t)(2 * me + 1), sc, n, sd) * esz;
   size_t bytes = layout(seed ^ (uint64_t)(2 * me + 2), rc, n, rd) * esz;
-  char *send = randomBytes(inBytes, seed), *want = poisoned(bytes), *got = poisoned(bytes);
-  char* got2 = mode == GROUPED ? poisoned(bytes) : NULL;
+  char *send = randomBytes(inBytes, seed), *want = poisoned(bytes), *got = output(bytes);
+  char* got2 = mode == GROUPED ? output(bytes) : NULL;
   toMpi(sc, sd, esz, n, isc, isd);
   toMpi(rc, rd, esz, n, irc, ird);
   MPI_Alltoallv(send, isc, isd, MPI_BYTE, want, irc, ird, MPI_BYTE, MPI_COMM_WORLD);
+  copyMirrors(1);
   if (mode == GROUPED) TL_OK(comm, gcommGroupStart());
-  TL_OK(comm, gcommAllToAllV(send, sc, sd, got, rc, rd, types[t].type, comm, NULL));
+  TL_OK(comm, gcommAllToAllV(D(send), sc, sd, D(got), rc, rd, types[t].type, comm, STREAM));
   if (mode == GROUPED) {
-    TL_OK(comm, gcommAllToAllV(send, sc, sd, got2, rc, rd, types[t].type, comm, NULL));
+    TL_OK(comm, gcommAllToAllV(D(send), sc, sd, D(got2), rc, rd, types[t].type, comm, STREAM));
     TL_OK(comm, gcommGroupEnd());
   }
   finish(got, got2, want, bytes);
-  free(send), free(want), free(got), free(got2);
+  release(send), free(want), release(got), release(got2);
 }
 
 static void testGatherV(int t, size_t max, int mode, uint64_t seed) {
@@ -134,7 +230,7 @@ static void testGatherV(int t, size_t max, int mode, uint64_t seed) {
   for (int k = 0; k < n; k++) counts[k] = pairCount(seed, k, root, max);
   size_t bytes = layout(seed, counts, n, displs) * esz;
   char *send = randomBytes(counts[me] * esz, seed), *want = poisoned(bytes);
-  char *got = poisoned(bytes), *got2 = mode == GROUPED ? poisoned(bytes) : NULL;
+  char *got = output(bytes), *got2 = mode == GROUPED ? output(bytes) : NULL;
   toMpi(counts, displs, esz, n, ic, id);
   MPI_Gatherv(send, ic[me], MPI_BYTE, want, ic, id, MPI_BYTE, root, MPI_COMM_WORLD);
   const char* in = send;
@@ -142,15 +238,17 @@ static void testGatherV(int t, size_t max, int mode, uint64_t seed) {
     memcpy(got + displs[me] * esz, send, counts[me] * esz);
     in = got + displs[me] * esz;
   }
+  copyMirrors(1);
   if (mode == GROUPED) TL_OK(comm, gcommGroupStart());
-  TL_OK(comm, gcommGatherV(in, counts[me], got, counts, displs, types[t].type, root, comm, NULL));
+  TL_OK(comm,
+        gcommGatherV(D(in), counts[me], D(got), counts, displs, types[t].type, root, comm, STREAM));
   if (mode == GROUPED) {
-    TL_OK(comm,
-          gcommGatherV(in, counts[me], got2, counts, displs, types[t].type, root, comm, NULL));
+    TL_OK(comm, gcommGatherV(D(in), counts[me], D(got2), counts, displs, types[t].type, root, comm,
+                             STREAM));
     TL_OK(comm, gcommGroupEnd());
   }
   finish(me == root ? got : NULL, me == root ? got2 : NULL, want, bytes); /* root's only */
-  free(send), free(want), free(got), free(got2);
+  release(send), free(want), release(got), release(got2);
 }
 
 static void testScatterV(int t, size_t max, int mode, uint64_t seed) {
@@ -159,22 +257,23 @@ static void testScatterV(int t, size_t max, int mode, uint64_t seed) {
   size_t esz = types[t].esz, counts[64] = {0}, displs[64] = {0};
   for (int k = 0; k < n; k++) counts[k] = pairCount(seed, root, k, max);
   size_t inBytes = layout(seed, counts, n, displs) * esz, bytes = counts[me] * esz;
-  char *send = randomBytes(inBytes, seed), *want = poisoned(bytes), *got = poisoned(bytes);
-  char* got2 = mode == GROUPED ? poisoned(bytes) : NULL;
+  char *send = randomBytes(inBytes, seed), *want = poisoned(bytes), *got = output(bytes);
+  char* got2 = mode == GROUPED ? output(bytes) : NULL;
   toMpi(counts, displs, esz, n, ic, id);
   MPI_Scatterv(send, ic, id, MPI_BYTE, want, ic[me], MPI_BYTE, root, MPI_COMM_WORLD);
   void* out = got;
   if (mode == IN_PLACE && me == root) out = send + displs[me] * esz;
+  copyMirrors(1);
   if (mode == GROUPED) TL_OK(comm, gcommGroupStart());
-  TL_OK(comm,
-        gcommScatterV(send, counts, displs, out, counts[me], types[t].type, root, comm, NULL));
+  TL_OK(comm, gcommScatterV(D(send), counts, displs, D(out), counts[me], types[t].type, root, comm,
+                            STREAM));
   if (mode == GROUPED) {
-    TL_OK(comm,
-          gcommScatterV(send, counts, displs, got2, counts[me], types[t].type, root, comm, NULL));
+    TL_OK(comm, gcommScatterV(D(send), counts, displs, D(got2), counts[me], types[t].type, root,
+                              comm, STREAM));
     TL_OK(comm, gcommGroupEnd());
   }
   finish(out, got2, want, bytes);
-  free(send), free(want), free(got), free(got2);
+  release(send), free(want), release(got), release(got2);
 }
 
 static const struct {
@@ -260,11 +359,14 @@ static void testMismatch(void) {
 int main(int argc, char** argv) {
   tlInit(&argc, &argv);
   if (tlNranks > 64) return tlFinish("test_vcoll (at most 64 ranks)");
+#ifdef TEST_ON_GPU
+  selectDevice();
+#endif
   comm = tlCommInitEnv(MPI_COMM_WORLD, "GCOMM_BUFFSIZE=65536", -1); /* many slots per pair */
   if (!tlReport("init")) return tlFinish("test_vcoll");
-  testBadArguments();
+  if (!onGpu) testBadArguments(); /* argument checks and mismatch detection: shared code */
   testAgainstMpi();
   tlCommDestroy(comm);
-  testMismatch();
+  if (!onGpu) testMismatch();
   return tlFinish("test_vcoll");
 }
