@@ -182,7 +182,7 @@ gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where)
        op->func == gcommFuncGather || op->func == gcommFuncScatter) &&
       (op->root < 0 || op->root >= n))
     return BAD("root %d is not a rank of this communicator (0..%d)", op->root, n - 1);
-  if ((op->func == gcommFuncSend || op->func == gcommFuncRecv) && (op->peer < 0 || op->peer >= n))
+  if (gcommIsPointToPoint(op->func) && (op->peer < 0 || op->peer >= n))
     return BAD("peer %d is not a rank of this communicator (0..%d)", op->peer, n - 1);
   size_t esz = gcommTypeSize(op->datatype);
   if (op->count > SIZE_MAX / 2 / esz / (size_t)n)

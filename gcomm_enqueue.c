@@ -18,7 +18,7 @@ static __thread gcommComm_t groupComms; /* communicators with operations held by
  * point-to-point channels, as many as its byte count gives (the same on both sides), at most
  * maxChannels when that is not 0. */
 static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int maxChannels) {
-  int n = comm->nranks, isP2p = args->func == gcommFuncSend || args->func == gcommFuncRecv;
+  int n = comm->nranks, isP2p = gcommIsPointToPoint(args->func);
   size_t esz = gcommTypeSize(args->datatype);
   /* the size every rank agrees on (nccl-tests' size), so that all ranks choose alike */
   size_t bytes = args->count * esz * (args->func >= gcommFuncAllGather && !isP2p ? n : 1);
@@ -61,7 +61,8 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int maxChanne
     w->sched.align = align;
     w->nSteps = gcommSchedNumSteps(&w->sched);
     if (w->nSteps == 0) continue;
-    if (isP2p) { /* queue per (direction, peer, p2p channel); lane per p2p channel */
+    if (isP2p) { /* queue per (direction, peer, p2p channel); lane per p2p channel (a Copy
+                  * takes its rank's send queues) */
       int dir = args->func == gcommFuncRecv;
       w->queue = comm->nChannels + (dir * n + args->peer) * comm->nP2pChannels + c;
       w->lane = comm->nChannels + c;
@@ -166,10 +167,10 @@ gcommResult_t gcommEnqueueParts(gcommComm_t comm, gcommOp_t* parts, int n, int f
   GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
   for (int i = 0; i < n; i++) GCOMM_CHECK(gcommCheckArgs(comm, &parts[i], where));
   uint64_t seq = __atomic_fetch_add(&comm->collSeq, 1, __ATOMIC_RELAXED);
-  /* on a GPU, every part of the call in one launch: a vector collective has at most 2 parts a
-   * rank (its own block's included), and every rank caps them alike, so that the two ends of a
-   * part still choose the same channels */
-  int maxChannels = comm->device >= 0 ? comm->blockBudget / (2 * comm->nranks) : 0;
+  /* on a GPU, every part of the call in one launch: a vector collective has at most 2n - 1 parts
+   * on a rank (a send and a receive a peer, the copy of its own block), and every rank caps them
+   * alike, so that the two ends of a part still choose the same channels */
+  int maxChannels = comm->device >= 0 ? comm->blockBudget / (2 * comm->nranks - 1) : 0;
   if (comm->device >= 0 && maxChannels < 1) maxChannels = 1;
   gcommOp_t *head = NULL, *tail = NULL;
   int count = 0;

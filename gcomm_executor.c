@@ -51,7 +51,7 @@ static int stepBlockedOn(gcommComm_t comm, const gcommWork_t* w, const gcommStep
  * collective seq 18-23 (mod 64), a hash of count 24-30, and bit 31 set (0 means "no tag"). */
 #define TAG_FIELD(tag, shift, bits) (((tag) >> (shift)) & ((1u << (bits)) - 1))
 uint32_t gcommOpTag(const gcommOp_t* op) {
-  int isP2p = op->func == gcommFuncSend || op->func == gcommFuncRecv;
+  int isP2p = gcommIsPointToPoint(op->func);
   uint64_t h = (uint64_t)op->count * 0x9e3779b97f4a7c15ull;
   return (uint32_t)(isP2p ? gcommFuncSend : op->func) | (uint32_t)op->datatype << 4 |
          (uint32_t)op->redop << 8 | (uint32_t)(isP2p ? 0 : op->root & 127) << 11 |
@@ -216,7 +216,7 @@ static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, ui
                : gcommSuccess;
   gcommStatus_t* st = gcommShmStatus(comm, q);
   if (st == NULL) return gcommSuccess;
-  int isColl = op->func != gcommFuncSend && op->func != gcommFuncRecv;
+  int isColl = !gcommIsPointToPoint(op->func);
   if (phase == PROBE_CALL) {
     if (!isColl || op->tag == 0 || w->lane >= GCOMM_STATUS_LANES) return gcommSuccess;
     uint64_t cur = __atomic_load_n(&st->current[w->lane], __ATOMIC_ACQUIRE);
@@ -242,8 +242,7 @@ static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, ui
 static void noteCurrent(gcommComm_t comm, const gcommWork_t* w) {
   const gcommOp_t* op = w->op;
   gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
-  if (st == NULL || op->tag == 0 || op->func == gcommFuncSend || op->func == gcommFuncRecv ||
-      w->lane >= GCOMM_STATUS_LANES)
+  if (st == NULL || op->tag == 0 || gcommIsPointToPoint(op->func) || w->lane >= GCOMM_STATUS_LANES)
     return;
   __atomic_store_n(&st->current[w->lane], (uint64_t)(uint32_t)(op->seq + 1) << 32 | op->tag,
                    __ATOMIC_RELEASE);

@@ -84,6 +84,7 @@ static const char* workOutput(gcommComm_t comm, const gcommWork_t* w, size_t* le
     case gcommFuncBroadcast:
     case gcommFuncReduce:
     case gcommFuncRecv:
+    case gcommFuncCopy:
       *len = w->sched.chanCount * esz;
       return (const char*)op->recvbuff + w->sched.chanOff * esz;
     default:
@@ -134,6 +135,9 @@ void gcommBufferCounts(const gcommOp_t* op, int rank, int n, size_t* inCount, si
       return;
     case gcommFuncSend:
       *inCount = c, *outCount = 0;
+      return;
+    case gcommFuncCopy:
+      *inCount = c, *outCount = c;
       return;
     default:
       *inCount = 0, *outCount = c;

@@ -421,7 +421,7 @@ const char* gcommGetErrorString(gcommResult_t result) {
 
 const char* const gcommFuncNames[gcommNumFuncs] = {
     "AllReduce", "Broadcast", "Reduce", "AllGather",  "ReduceScatter", "AllToAll", "Gather",
-    "Scatter",   "Send",      "Recv",   "AllGatherV", "AllToAllV",     "GatherV",  "ScatterV"};
+    "Scatter",   "Send",      "Recv",   "AllGatherV", "AllToAllV",     "GatherV",  "ScatterV", "Copy"};
 const char* gcommFuncName(int func) {
   return (unsigned)func < gcommNumFuncs ? gcommFuncNames[func] : "?";
 }

@@ -118,7 +118,7 @@ void gcommProfStop(gcommComm_t comm, void* handle) {
 void gcommProfOpEnqueued(gcommComm_t comm, gcommOp_t* op, int inGroup) {
   gcommProfilerEventDescr_v1_t d;
   int mask = __atomic_load_n(&comm->prof.mask, __ATOMIC_RELAXED);
-  int isP2p = op->func == gcommFuncSend || op->func == gcommFuncRecv;
+  int isP2p = gcommIsPointToPoint(op->func);
   memset(&d, 0, sizeof(d));
   if (inGroup && comm->profGroup == NULL && (mask & gcommProfileGroup))
     comm->profGroup = profStart(comm, &d, gcommProfileGroup, NULL);

@@ -139,7 +139,7 @@ static void dumpState(gcommComm_t comm, const char* why) {
     const gcommOp_t* op = w->op;
     int len = snprintf(line, sizeof(line), "rank %d comm \"%s\" queue %d: %s", comm->rank,
                        comm->name, q, gcommFuncNames[op->func]);
-    if (op->func == gcommFuncSend || op->func == gcommFuncRecv)
+    if (gcommIsPointToPoint(op->func))
       len += snprintf(line + len, sizeof(line) - len, " peer %d", op->peer);
     else
       len += snprintf(line + len, sizeof(line) - len, " seq %llu root %d",

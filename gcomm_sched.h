@@ -52,8 +52,16 @@ typedef enum {
   gcommFuncAllToAllV,
   gcommFuncGatherV,
   gcommFuncScatterV,
+  /* a rank's own block of a vector collective: one copy from its input to its output, with no
+   * FIFO between (a Send and a Recv to itself would move it twice) */
+  gcommFuncCopy,
   gcommNumFuncs
 } gcommFunc_t;
+
+/* Send, Recv and Copy run on the point-to-point channels, one peer each (Copy's is the rank). */
+GCOMM_HD int gcommIsPointToPoint(int func) {
+  return func == gcommFuncSend || func == gcommFuncRecv || func == gcommFuncCopy;
+}
 
 typedef enum {
   gcommAlgoRing,
@@ -141,7 +149,7 @@ GCOMM_HD size_t gcommSchedRoundElems(const gcommSched_t* s) {
 /* Steps one round (one chunk of the channel range) takes on this rank. */
 GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
   int n = s->nranks, r = s->rank;
-  if (s->func == gcommFuncSend || s->func == gcommFuncRecv || n == 1) return 1;
+  if (gcommIsPointToPoint(s->func) || n == 1) return 1;
   switch (s->func) {
     case gcommFuncAllReduce:
       if (s->algo == gcommAlgoDirect) return n == 2 ? 2 : 2 * ((n + 1) / 2);
@@ -591,7 +599,7 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
     st->recvPeer[0] = s->peer;
     return;
   }
-  if (n == 1) {
+  if (s->func == gcommFuncCopy || n == 1) {
     st->src = GCOMM_BUF_IN;
     st->dst = GCOMM_BUF_OUT;
     return;

@@ -110,7 +110,7 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
  * count * type size: sender and receiver derive the same number, so their slices meet on the
  * same lanes. */
 int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto) {
-  int isP2p = func == gcommFuncSend || func == gcommFuncRecv;
+  int isP2p = gcommIsPointToPoint(func);
   size_t maxCh = (size_t)(isP2p ? comm->nP2pChannels : comm->nChannels);
   size_t nc = bytes / (4 * comm->slotBytes);
 #ifdef GCOMM_GPU

@@ -3,11 +3,13 @@
  *
  * Every rank's block has its own size, so the fixed-chunk schedules of gcomm_sched.h (which both
  * executors, host and GPU, compute from one count) do not fit. A vector collective is the direct
- * pattern instead: a send and a receive per pair of ranks that exchange data, all enqueued as one
- * operation (gcommEnqueueParts). Each pair moves on its own point-to-point queue at once, pipelined
- * through the FIFO slots and split over channels when large (host: one batch of the progress
- * engine; GPU: one kernel launch, a block per pair and channel), never one pair after another.
- * The call's checks come first and cover the whole call; nothing is enqueued when one fails.
+ * pattern instead: a send and a receive per pair of ranks that exchange data, and a copy of the
+ * rank's own block (gcommFuncCopy: once from input to output, no FIFO between), all enqueued as
+ * one operation (gcommEnqueueParts). Each pair moves on its own point-to-point queue at once,
+ * pipelined through the FIFO slots and split over channels when large (host: one batch of the
+ * progress engine; GPU: one kernel launch, a block per pair and channel), never one pair after
+ * another. The call's checks come first and cover the whole call; nothing is enqueued when one
+ * fails.
  *
  * Mismatch detection: every part is tagged as the call (its kind, datatype, root, sequence
  * number), AllGatherV with a hash of recvcounts (the same array on every rank), the others with
@@ -22,7 +24,7 @@
 /* One call's parts as it is built. */
 typedef struct {
   gcommComm_t comm;
-  gcommOp_t* parts; /* up to 2 * nranks: a send and a receive per peer */
+  gcommOp_t* parts; /* up to 2 * nranks - 1: a send and a receive per peer, a copy of its own */
   int nParts, root;
   gcommDataType_t datatype;
   size_t esz;
@@ -60,18 +62,30 @@ static char* vAt(const void* base, size_t displ, size_t esz) {
   return base == NULL ? NULL : (char*)base + displ * esz;
 }
 
-static void vPart(VCall* v, int func, const void* buf, size_t count, int peer) {
+static gcommOp_t* vNewPart(VCall* v, int func, size_t count, int peer) {
   gcommOp_t* p = &v->parts[v->nParts++];
   memset(p, 0, sizeof(*p));
   p->func = func;
-  if (func == gcommFuncSend)
-    p->sendbuff = buf;
-  else
-    p->recvbuff = (void*)buf;
   p->count = count;
   p->datatype = v->datatype;
   p->root = v->root;
   p->peer = peer;
+  return p;
+}
+
+static void vPart(VCall* v, int func, const void* buf, size_t count, int peer) {
+  gcommOp_t* p = vNewPart(v, func, count, peer);
+  if (func == gcommFuncSend)
+    p->sendbuff = buf;
+  else
+    p->recvbuff = (void*)buf;
+}
+
+/* The rank's own block: one copy from in to out. */
+static void vCopy(VCall* v, const void* in, void* out, size_t count) {
+  gcommOp_t* p = vNewPart(v, gcommFuncCopy, count, v->comm->rank);
+  p->sendbuff = in;
+  p->recvbuff = out;
 }
 
 /* The counts and displacements of a buffer's n blocks: present, and every block addressable.
@@ -128,9 +142,9 @@ gcommResult_t gcommAllGatherV(const void* sendbuff, size_t sendcount, void* recv
   if (res == gcommSuccess && !inPlace)
     res = vNoOverlap(&v, sendbuff, sendcount * v.esz, recvbuff, extent);
   if (res != gcommSuccess) return vEnd(&v, res);
-  for (int i = 0; i < n; i++) {
+  if (!inPlace) vCopy(&v, sendbuff, vAt(recvbuff, displs[r], v.esz), sendcount);
+  for (int i = 1; i < n; i++) {
     int p = (r + i) % n; /* each rank starts with its next neighbour: the pairs spread out */
-    if (p == r && inPlace) continue;
     vPart(&v, gcommFuncSend, sendbuff, sendcount, p);
     vPart(&v, gcommFuncRecv, vAt(recvbuff, displs[p], v.esz), recvcounts[p], p);
   }
@@ -149,8 +163,12 @@ gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, con
   if (res == gcommSuccess)
     res = vBlocks(&v, "recvcounts", recvcounts, "rdispls", rdispls, &outBytes);
   if (res == gcommSuccess) res = vNoOverlap(&v, sendbuff, inBytes, recvbuff, outBytes);
+  if (res == gcommSuccess && sendcounts[r] != recvcounts[r])
+    res = V_BAD(&v, "sendcounts[%d] = %zu and recvcounts[%d] = %zu differ (this rank's own block)",
+                r, sendcounts[r], r, recvcounts[r]);
   if (res != gcommSuccess) return vEnd(&v, res);
-  for (int i = 0; i < n; i++) {
+  vCopy(&v, vAt(sendbuff, sdispls[r], v.esz), vAt(recvbuff, rdispls[r], v.esz), sendcounts[r]);
+  for (int i = 1; i < n; i++) {
     int p = (r + i) % n;
     vPart(&v, gcommFuncSend, vAt(sendbuff, sdispls[p], v.esz), sendcounts[p], p);
     vPart(&v, gcommFuncRecv, vAt(recvbuff, rdispls[p], v.esz), recvcounts[p], p);
@@ -174,9 +192,12 @@ static gcommResult_t vRoot(VCall* v, int gather, const void* own, size_t ownCoun
   if (!inPlace) {
     GCOMM_CHECK(gather ? vNoOverlap(v, own, ownBytes, all, extent)
                        : vNoOverlap(v, all, extent, own, ownBytes));
-    vPart(v, gather ? gcommFuncSend : gcommFuncRecv, own, ownCount, r);
+    if (gather)
+      vCopy(v, own, vAt(all, displs[r], v->esz), ownCount);
+    else
+      vCopy(v, vAt(all, displs[r], v->esz), (void*)own, ownCount);
   }
-  for (int i = inPlace ? 1 : 0; i < n; i++) { /* i = 0: the other half of its own block's copy */
+  for (int i = 1; i < n; i++) {
     int p = (r + i) % n;
     vPart(v, gather ? gcommFuncRecv : gcommFuncSend, vAt(all, displs[p], v->esz), counts[p], p);
   }

@@ -324,6 +324,11 @@ static void testBadArguments(void) {
             "GatherV root = nranks");
   expectBad(gcommScatterV(buf, counts, displs, buf + 64, 1, (gcommDataType_t)99, 0, comm, NULL),
             "datatype", "ScatterV datatype 99");
+  size_t more[64];
+  memcpy(more, counts, sizeof(more));
+  more[me] = 2;
+  expectBad(gcommAllToAllV(buf, counts, displs, buf + 64, more, displs, gcommFloat64, comm, NULL),
+            "own block", "AllToAllV whose own block's send and receive counts differ");
   displs[me] = SIZE_MAX / 4;
   expectBad(gcommAllToAllV(buf, counts, displs, buf + 64, counts, displs, gcommFloat64, comm, NULL),
             "sdispls", "AllToAllV with a displacement past the address space");
