@@ -49,7 +49,7 @@ struct StepIo {
   int inPeer[2];                  /* for the error record */
 };
 
-static __device__ __forceinline__ bool al(const void* p, uintptr_t a) {
+static __device__ __forceinline__ bool isAligned(const void* p, uintptr_t a) {
   return ((uintptr_t)p & (a - 1)) == 0;
 }
 
@@ -193,8 +193,8 @@ static __device__ __noinline__ void reduceStep(const StepIo& io) {
     T e[N];
   };
   size_t count = io.count, nPack = 0;
-  bool aligned = al(io.src, 16) && al(io.in[0], 16) && al(io.in[1], 16) && al(io.out[0], 16) &&
-                 al(io.out[1], 16) && al(io.out[2], 16);
+  bool aligned = isAligned(io.src, 16) && isAligned(io.in[0], 16) && isAligned(io.in[1], 16) &&
+                 isAligned(io.out[0], 16) && isAligned(io.out[1], 16) && isAligned(io.out[2], 16);
   if (aligned && !io.div) { /* Avg's final division takes the scalar loop: less code */
     nPack = count / N;
     const uint4* s = (const uint4*)io.src;
@@ -296,7 +296,7 @@ static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w)
     T e[E];
   };
   const size_t nLines = gcommDivUp(io.count, E);
-  const bool srcWhole = al(io.src, 8), dstWhole = al(io.out[0], 8);
+  const bool srcWhole = isAligned(io.src, 8), dstWhole = isAligned(io.out[0], 8);
   const T* src = (const T*)io.src;
   T* dst = (T*)io.out[0];
   for (size_t j = threadIdx.x; j < nLines; j += blockDim.x) {
