@@ -141,6 +141,10 @@ typedef struct {
 } gcommReduceArgs_t;
 /* out[i] = in[0][i] op in[1][i] op ... (then / divide). Returns a cudaError_t. */
 int gcommReduceLaunch(const gcommReduceArgs_t* args, void* stream);
+/* Copies rows x bytes: dst + r * dstPitch <- src + r * srcPitch (pitches in bytes), with 16-byte
+ * accesses when everything is 16-byte aligned. Returns a cudaError_t. */
+int gcommCopyLaunch(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t bytes,
+                    size_t rows, void* stream);
 /* PreMulSum's pre-operation over rows x count elements: dst[r * dstPitch + i] = src[r * srcPitch +
  * i] * scalar (pitches in elements), the scalar's bits, or read from scalarPtr (device memory)
  * when the kernel runs. Returns a cudaError_t. */

@@ -59,8 +59,7 @@ struct gcommShared {
    * there, so that the event's latest record always follows all this rank's earlier work */
   cudaStream_t lastStream;
   int called;
-  int hostOrder; /* GCOMM_SHARED_GPU_ORDER=host: a flag is set only once the GPU work it speaks of
-                    is done, and nobody waits on a peer's event */
+  int smCopy; /* GCOMM_SHARED_GPU_COPY=sm: staging copies by a kernel, not copy engines */
 };
 
 /* ---- setup and teardown ---- */
@@ -114,7 +113,7 @@ gcommResult_t gcommGpuSharedConnect(gcommComm_t comm) {
   comm->dev->shared = s;
   memset(&mine, 0, sizeof(mine));
   s->collSlot = (size_t)comm->params.sharedChunk / 256 * 256;
-  s->hostOrder = comm->params.sharedOrder == 1;
+  s->smCopy = comm->params.sharedCopyBy == 1;
   s->p2pSlot = s->collSlot / 4 / 256 * 256 > 4096 ? s->collSlot / 4 / 256 * 256 : 4096;
   mine.failed = makeOwn(comm, s, &mine) != gcommSuccess;
   /* every rank reaches the exchange, so that one rank's failure fails all of them */
@@ -130,11 +129,9 @@ gcommResult_t gcommGpuSharedConnect(gcommComm_t comm) {
   if (res == gcommSuccess)
     GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
                "GPU %d: %d ranks share it through staging (GCOMM_SHARED_GPU=copy path): %zu bytes "
-               "of GPU memory, chunks of %zu bytes (collectives) and %zu (sends), peers' chunks "
-               "awaited by %s",
+               "of GPU memory, chunks of %zu bytes (collectives) and %zu (sends), copies by %s",
                comm->device, n, stagingBytes(s, n), s->collSlot, s->p2pSlot,
-               s->hostOrder ? "their ranks' host (GCOMM_SHARED_GPU_ORDER=host)"
-                            : "stream waits on their IPC events");
+               s->smCopy ? "a kernel (GCOMM_SHARED_GPU_COPY=sm)" : "copy engines");
   return res;
 }
 
@@ -336,19 +333,30 @@ static int slotFree(shRun_t* run, int ch, uint64_t seq) {
 
 /* Stream waits on the events of the ranks in mask (other than this one). */
 static gcommResult_t waitEvents(shRun_t* run, uint32_t mask) {
-  if (run->s->hostOrder) return gcommSuccess;
   for (int r = 0; r < run->comm->nranks; r++)
     if ((mask >> r & 1) && r != run->comm->rank)
       CUDA_CHECK(run->comm, r, cudaStreamWaitEvent(run->stream, run->s->event[r], 0));
   return gcommSuccess;
 }
 
-/* After this rank's work on a chunk: its event, which the peers wait on; or, host order, the
- * work's end. */
+/* After this rank's work on a chunk: its event, which the peers wait on. */
 static gcommResult_t recordOwn(shRun_t* run) {
-  cudaEvent_t e = run->s->event[run->comm->rank];
-  CUDA_CHECK(run->comm, -1, cudaEventRecord(e, run->stream));
-  if (run->s->hostOrder) CUDA_CHECK(run->comm, -1, cudaEventSynchronize(e));
+  CUDA_CHECK(run->comm, -1, cudaEventRecord(run->s->event[run->comm->rank], run->stream));
+  return gcommSuccess;
+}
+
+/* rows x bytes from src (a row every srcPitch bytes) to dst (every dstPitch), on the stream. */
+static gcommResult_t copyRows(shRun_t* run, void* dst, size_t dstPitch, const void* src,
+                              size_t srcPitch, size_t bytes, size_t rows) {
+  cudaError_t e;
+  if (run->s->smCopy)
+    e = (cudaError_t)gcommCopyLaunch(dst, dstPitch, src, srcPitch, bytes, rows, run->stream);
+  else if (rows == 1)
+    e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, run->stream);
+  else
+    e = cudaMemcpy2DAsync(dst, dstPitch, src, srcPitch, bytes, rows, cudaMemcpyDeviceToDevice,
+                          run->stream);
+  CUDA_CHECK(run->comm, -1, e);
   return gcommSuccess;
 }
 
@@ -363,14 +371,7 @@ static gcommResult_t fillSlot(shRun_t* run, const shOp_t* o, size_t j, char* dst
     CUDA_CHECK(run->comm, -1, (cudaError_t)e);
     return gcommSuccess;
   }
-  if (o->pieces == 1)
-    CUDA_CHECK(run->comm, -1,
-               cudaMemcpyAsync(dst, src, len * o->esz, cudaMemcpyDeviceToDevice, run->stream));
-  else
-    CUDA_CHECK(run->comm, -1,
-               cudaMemcpy2DAsync(dst, o->per * o->esz, src, op->count * o->esz, len * o->esz,
-                                 o->pieces, cudaMemcpyDeviceToDevice, run->stream));
-  return gcommSuccess;
+  return copyRows(run, dst, o->per * o->esz, src, op->count * o->esz, len * o->esz, o->pieces);
 }
 
 static gcommResult_t publish(shRun_t* run, const shPhase_t* p, int* moved) {
@@ -408,12 +409,6 @@ static gcommResult_t chunkThere(shRun_t* run, const shOp_t* o, size_t j, int* th
   return gcommSuccess;
 }
 
-static gcommResult_t copyOut(shRun_t* run, void* dst, const void* src, size_t bytes) {
-  CUDA_CHECK(run->comm, -1,
-             cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, run->stream));
-  return gcommSuccess;
-}
-
 /* Chunk j of every owner into this rank's output: a reduction kernel, or copies. */
 static gcommResult_t readChunk(shRun_t* run, const shOp_t* o, size_t j) {
   struct gcommShared* s = run->s;
@@ -423,7 +418,8 @@ static gcommResult_t readChunk(shRun_t* run, const shOp_t* o, size_t j) {
   size_t mine = o->pieces > 1 ? (size_t)me * o->per * o->esz : 0; /* this rank's piece */
   char* out = (char*)op->recvbuff;
   if (isP2p(op))
-    return copyOut(run, out + off * o->esz, slotOf(s, op->peer, 1 + me, o->base[0] + j), bytes);
+    return copyRows(run, out + off * o->esz, 0, slotOf(s, op->peer, 1 + me, o->base[0] + j), 0,
+                    bytes, 1);
   if (gcommIsReduction(op->func)) {
     gcommReduceArgs_t a = {.out = out + off * o->esz,
                            .count = len,
@@ -440,7 +436,8 @@ static gcommResult_t readChunk(shRun_t* run, const shOp_t* o, size_t j) {
     /* one owner (Broadcast, Scatter): its chunk is this rank's whole output chunk; else rank r's
      * block of the output */
     size_t at = o->owners == (1u << r) ? off : (size_t)r * op->count + off;
-    GCOMM_CHECK(copyOut(run, out + at * o->esz, slotOf(s, r, 0, o->base[r] + j) + mine, bytes));
+    GCOMM_CHECK(
+        copyRows(run, out + at * o->esz, 0, slotOf(s, r, 0, o->base[r] + j) + mine, 0, bytes, 1));
   }
   return gcommSuccess;
 }

@@ -82,7 +82,7 @@ typedef struct {
   int64_t pdl;           /* GCOMM_PDL (GPU builds) */
   int sharedGpu;         /* GCOMM_SHARED_GPU: GCOMM_SHARED_GPU_AUTO, _KERNELS or _COPY */
   int64_t sharedChunk;   /* GCOMM_SHARED_GPU_CHUNK: bytes of a collective staging slot */
-  int sharedOrder;       /* GCOMM_SHARED_GPU_ORDER: 0 stream waits on IPC events, 1 host waits */
+  int sharedCopyBy;      /* GCOMM_SHARED_GPU_COPY: 0 copy engines, 1 a copy kernel (SMs) */
   const char* hostId;    /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
   int64_t netDisable;       /* GCOMM_NET_DISABLE */

@@ -26,7 +26,7 @@ const char* const gcommProxyModeNames[] = {"thread", "poll", NULL};
 #ifdef GCOMM_GPU
 /* GCOMM_SHARED_GPU_AUTO, _KERNELS, _COPY */
 static const char* const sharedGpuNames[] = {"auto", "kernels", "copy", NULL};
-static const char* const sharedOrderNames[] = {"stream", "host", NULL};
+static const char* const sharedCopyNames[] = {"ce", "sm", NULL};
 #endif
 #if defined(GCOMM_GPU) && defined(GCOMM_OFI)
 static const char* const netGdrNames[] = {"0", "1", "auto", NULL}; /* GCOMM_NET_GDR_OFF, ON, AUTO */
@@ -89,12 +89,10 @@ static const gcommParamDef_t paramTable[] = {
      "ranks all on one GPU: kernels, or copy (stream-ordered copies, no spinning kernels); auto: "
      "copy when they share it without MPS",
      SHARED},
-    {"GCOMM_SHARED_GPU_CHUNK", "8M", PARAM_SIZE, PARAM_AT(sharedChunk), NULL, 4096,
+    {"GCOMM_SHARED_GPU_CHUNK", "32M", PARAM_SIZE, PARAM_AT(sharedChunk), NULL, 4096,
      (int64_t)1 << 30, "GCOMM_SHARED_GPU=copy: bytes of a collective's staging chunk", SHARED},
-    {"GCOMM_SHARED_GPU_ORDER", "stream", PARAM_ENUM, PARAM_AT(sharedOrder), sharedOrderNames, 0, 0,
-     "GCOMM_SHARED_GPU=copy: a peer's chunk is awaited by a stream wait on its IPC event "
-     "(stream), or its rank waits for its own GPU work before it tells (host)",
-     SHARED},
+    {"GCOMM_SHARED_GPU_COPY", "ce", PARAM_ENUM, PARAM_AT(sharedCopyBy), sharedCopyNames, 0, 0,
+     "GCOMM_SHARED_GPU=copy: staging copies by copy engines (ce) or by a copy kernel (sm)", LOCAL},
     {"GCOMM_PDL", "1", PARAM_INT, PARAM_AT(pdl), NULL, 0, 1,
      "0: a small GPU launch never starts before the previous one on its stream has finished",
      LOCAL},

@@ -1,9 +1,9 @@
 /*
  * gcomm_reduce_kernels.cu - the short kernels of ranks that share a GPU without MPS
- * (gcomm_gpu_shared.c): an elementwise reduction of inputs that have all landed in GPU memory, and
- * PreMulSum's scaling of a rank's input. Neither waits for another rank, so a time-sliced GPU runs
- * each to its end within one slice. The element operators are gcomm_reduce.h's, as in the main
- * kernels, so every path gives the same bits.
+ * (gcomm_gpu_shared.c): an elementwise reduction of inputs that have all landed in GPU memory,
+ * PreMulSum's scaling of a rank's input, and a strided copy (GCOMM_SHARED_GPU_COPY=sm). Neither
+ * waits for another rank, so a time-sliced GPU runs each to its end within one slice. The element
+ * operators are gcomm_reduce.h's, as in the main kernels, so every path gives the same bits.
  *
  * CUDA only: the HIP build has no such path (gcomm_gpu_shared.c is not compiled there, and
  * GCOMM_SHARED_GPU=copy falls back to the kernels with a warning).
@@ -53,6 +53,29 @@ __global__ void __launch_bounds__(THREADS)
     size_t r = i / count, c = i % count;
     ((T*)dst)[r * dstPitch + c] = gcommElem<TYPE>::preMul(((const T*)src)[r * srcPitch + c], s);
   }
+}
+
+/* W: uint4 when every address and length is 16-byte aligned, else char. */
+template <typename W>
+__global__ void __launch_bounds__(THREADS) copyKernel(char* dst, size_t dstPitch, const char* src,
+                                                      size_t srcPitch, size_t words, size_t rows) {
+  size_t stride = (size_t)gridDim.x * blockDim.x, total = words * rows;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+    size_t r = i / words, c = i % words;
+    ((W*)(dst + r * dstPitch))[c] = ((const W*)(src + r * srcPitch))[c];
+  }
+}
+
+extern "C" int gcommCopyLaunch(void* dst, size_t dstPitch, const void* src, size_t srcPitch,
+                               size_t bytes, size_t rows, void* stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  if ((((uintptr_t)dst | (uintptr_t)src | dstPitch | srcPitch | bytes) & 15) == 0)
+    copyKernel<uint4><<<gridFor(bytes / 16 * rows), THREADS, 0, s>>>(
+        (char*)dst, dstPitch, (const char*)src, srcPitch, bytes / 16, rows);
+  else
+    copyKernel<char><<<gridFor(bytes * rows), THREADS, 0, s>>>(
+        (char*)dst, dstPitch, (const char*)src, srcPitch, bytes, rows);
+  return (int)cudaGetLastError();
 }
 
 extern "C" int gcommReduceLaunch(const gcommReduceArgs_t* a, void* stream) {
