@@ -89,7 +89,7 @@ static const gcommParamDef_t paramTable[] = {
      "ranks all on one GPU: kernels, or copy (stream-ordered copies, no spinning kernels); auto: "
      "copy when they share it without MPS",
      SHARED},
-    {"GCOMM_SHARED_GPU_CHUNK", "32M", PARAM_SIZE, PARAM_AT(sharedChunk), NULL, 4096,
+    {"GCOMM_SHARED_GPU_CHUNK", "64M", PARAM_SIZE, PARAM_AT(sharedChunk), NULL, 4096,
      (int64_t)1 << 30, "GCOMM_SHARED_GPU=copy: bytes of a collective's staging chunk", SHARED},
     {"GCOMM_SHARED_GPU_COPY", "ce", PARAM_ENUM, PARAM_AT(sharedCopyBy), sharedCopyNames, 0, 0,
      "GCOMM_SHARED_GPU=copy: staging copies by copy engines (ce) or by a copy kernel (sm)", LOCAL},
