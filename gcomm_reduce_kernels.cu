@@ -13,6 +13,8 @@
 #endif
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "gcomm_device.h"
 #include "gcomm_gpu.h"
 #include "gcomm_reduce.h"
@@ -78,12 +80,13 @@ extern "C" int gcommCopyLaunch(void* dst, size_t dstPitch, const void* src, size
   return (int)cudaGetLastError();
 }
 
-extern "C" int gcommReduceLaunch(const gcommReduceArgs_t* a, void* stream) {
-  cudaStream_t s = (cudaStream_t)stream;
-  switch (a->datatype) {
-#define GCOMM_CASE(TYPE, t, T, KIND, P)                           \
-  case TYPE:                                                      \
-    reduceKernel<TYPE><<<gridFor(a->count), THREADS, 0, s>>>(*a); \
+/* Launches for datatype: launch(std::integral_constant<int, TYPE>()); then the launch's error. */
+template <typename F>
+static int byDatatype(int datatype, F launch) {
+  switch (datatype) {
+#define GCOMM_CASE(TYPE, t, T, KIND, P)          \
+  case TYPE:                                     \
+    launch(std::integral_constant<int, TYPE>()); \
     break;
     GCOMM_DATATYPES(GCOMM_CASE)
 #undef GCOMM_CASE
@@ -93,20 +96,17 @@ extern "C" int gcommReduceLaunch(const gcommReduceArgs_t* a, void* stream) {
   return (int)cudaGetLastError();
 }
 
+extern "C" int gcommReduceLaunch(const gcommReduceArgs_t* a, void* stream) {
+  return byDatatype(a->datatype, [&](auto dt) {
+    reduceKernel<decltype(dt)::value><<<gridFor(a->count), THREADS, 0, (cudaStream_t)stream>>>(*a);
+  });
+}
+
 extern "C" int gcommPreMulLaunch(void* dst, size_t dstPitch, const void* src, size_t srcPitch,
                                  size_t count, size_t rows, int datatype, uint64_t scalar,
                                  const void* scalarPtr, void* stream) {
-  cudaStream_t s = (cudaStream_t)stream;
-  switch (datatype) {
-#define GCOMM_CASE(TYPE, t, T, KIND, P)                                                          \
-  case TYPE:                                                                                     \
-    preMulKernel<TYPE><<<gridFor(count* rows), THREADS, 0, s>>>(dst, dstPitch, src, srcPitch,    \
-                                                                count, rows, scalar, scalarPtr); \
-    break;
-    GCOMM_DATATYPES(GCOMM_CASE)
-#undef GCOMM_CASE
-    default:
-      return (int)cudaErrorInvalidValue;
-  }
-  return (int)cudaGetLastError();
+  return byDatatype(datatype, [&](auto dt) {
+    preMulKernel<decltype(dt)::value><<<gridFor(count * rows), THREADS, 0, (cudaStream_t)stream>>>(
+        dst, dstPitch, src, srcPitch, count, rows, scalar, scalarPtr);
+  });
 }
