@@ -6,9 +6,10 @@
  * SMs. The calling thread executes each call (or group) as stream-ordered work on the caller's
  * stream, meeting the peers' calling threads through flags in their shared-memory status pages:
  *
- *   publish a chunk: copy the chunk of the input into this rank's staging slot (copy engine, or
- *     PreMulSum's scaling kernel), record this rank's interprocess event, then tell the peers
- *     (published[channel], release) which call it holds (tag[channel][slot]);
+ *   publish a chunk: copy the chunk of the input into this rank's staging slot (copy engines or a
+ *     copy kernel, GCOMM_SHARED_GPU_COPY; PreMulSum's scaling kernel), record this rank's
+ *     interprocess event, then tell the peers (published[channel], release) which call it holds
+ *     (tag[channel][slot]);
  *   consume a chunk: once every owner's flag says the chunk is there, cudaStreamWaitEvent on each
  *     owner's event (a wait in the GPU's front end that holds no SM), then copy or reduce (one
  *     short kernel over the n inputs, in rank order) into the output, record this rank's event and
@@ -19,13 +20,18 @@
  * One event per rank is enough: a stream wait covers the event's latest record, and that record
  * follows (in its rank's stream) everything the flag that was seen speaks of. No GPU wait can
  * deadlock: every wait enqueued names a record enqueued earlier (its flag was seen), which waits
- * only on records enqueued before it. The host waits only for the peers' calls, never for the GPU,
- * so calls stay asynchronous; every host wait has the GCOMM_TIMEOUT_MS deadline and names the
- * peer. Channel 0 carries collectives (each rank publishes its whole image of a chunk once, every
- * rank that needs it reads it); channel 1 + r the sends to rank r, read by r alone. A group's
- * collectives run in call order, its sends to and receives from each peer each in their own order,
- * interleaved so that no order of calls in a group deadlocks. Not graph-capturable: the flags are
- * set when the host enqueues, not when a graph replays.
+ * only on records enqueued before it. The host waits only for the peers' calls, never for the GPU
+ * (a call returns once every peer has made it, not once the GPU has run it); every host wait has
+ * the GCOMM_TIMEOUT_MS deadline and names the peer. Channel 0 carries collectives (each rank
+ * publishes its whole image of a chunk once, every rank that needs it reads it); channel 1 + r the
+ * sends to rank r, read by r alone. A group's collectives run in call order, its sends to and
+ * receives from each peer each in their own order, interleaved so that no order of calls in a group
+ * deadlocks. Not graph-capturable: the flags are set when the host enqueues, not when a graph
+ * replays.
+ *
+ * What remains slow without MPS: each rank's context must still run once per operation, after its
+ * peers' (their inputs first), and each switch between the processes' contexts costs the GPU
+ * scheduler ~100+ us (one H100: ~290 us an operation at 2 ranks, 870 at 4; docs/PERF.md).
  */
 #include <stdio.h>
 #include <stdlib.h>
