@@ -21,8 +21,8 @@
  * follows (in its rank's stream) everything the flag that was seen speaks of. No GPU wait can
  * deadlock: every wait enqueued names a record enqueued earlier (its flag was seen), which waits
  * only on records enqueued before it. The host waits only for the peers' calls, never for the GPU
- * (a call returns once every peer has made it, not once the GPU has run it); every host wait has
- * the GCOMM_TIMEOUT_MS deadline and names the peer. Channel 0 carries collectives (each rank
+ * (a call may wait for the peers it needs to make it, never for the GPU to run it); every host wait
+ * has the GCOMM_TIMEOUT_MS deadline and names the peer. Channel 0 carries collectives (each rank
  * publishes its whole image of a chunk once, every rank that needs it reads it); channel 1 + r the
  * sends to rank r, read by r alone. A group's collectives run in call order, its sends to and
  * receives from each peer each in their own order, interleaved so that no order of calls in a group
