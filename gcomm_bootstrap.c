@@ -105,7 +105,8 @@ static void chooseSharedGpu(gcommComm_t comm, int sharing, int sharingNoMps) {
   comm->sharedCopy = fits && (mode == GCOMM_SHARED_GPU_COPY ||
                               (mode == GCOMM_SHARED_GPU_AUTO && sharingNoMps > 0));
 #ifdef GCOMM_HIP
-  if (comm->sharedCopy) GCOMM_WARN(comm, "GCOMM_SHARED_GPU: the copy path is CUDA only: kernels");
+  if (comm->sharedCopy && mode == GCOMM_SHARED_GPU_COPY && comm->rank == 0)
+    GCOMM_WARN(comm, "GCOMM_SHARED_GPU=copy: the copy path is CUDA only: the kernels run");
   comm->sharedCopy = 0;
 #endif
   if (mode == GCOMM_SHARED_GPU_COPY && !fits && comm->rank == 0)
