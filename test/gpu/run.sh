@@ -119,7 +119,7 @@ if want shared; then
   echo "=== shared_used: $n ranks' communicators took the copy path (4 expected: 2 comms x 2 ranks) $([ "$n" -ge 4 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
   GCOMM_SHARED_GPU_CHUNK=64K step shared_4r1g_64k 200 $RUN 4 $B/test/gpu/test_gpu --quick
   step shared_stress_4r1g 150 $RUN 4 $B/test/gpu/test_gpu_stress 3 24
-  step shared_perf_2r1g 120 $RUN 2 $B/gcomm_perf --coll allreduce -b 8 -e 64M -f 8 -n 20 -w 5 --backend gcomm
+  step shared_perf_2r1g 120 $RUN 2 $B/gcomm_perf --coll allreduce -b 8 -e 64M -f 2 -n 20 -w 5 --backend gcomm
   if command -v nvidia-cuda-mps-control >/dev/null; then
     export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
     MPSENV=""; [ "$MPICC" = mpicc ] && MPSENV="-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY"
