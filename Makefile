@@ -49,8 +49,8 @@ NVCCFLAGS += -O3 -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Werror all-w
              $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -I.
 CFLAGS    += -DGCOMM_CUDA -I$(CUDA_HOME)/include
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
-LIB_SRC   += $(GPU_SRC)
-LIB_OBJ   += $(BUILD)/obj/gcomm_kernels.o
+LIB_SRC   += $(GPU_SRC) gcomm_gpu_shared.c
+LIB_OBJ   += $(BUILD)/obj/gcomm_kernels.o $(BUILD)/obj/gcomm_reduce_kernels.o
 endif
 ifeq ($(HIP),1)
 HIPCC     ?= hipcc
@@ -114,6 +114,9 @@ $(BUILD)/obj/%.o: %.c $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -c $< -o $@
 $(BUILD)/obj/gcomm_kernels.o: gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(BUILD)/obj/gcomm_reduce_kernels.o: gcomm_reduce_kernels.cu $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 $(BUILD)/obj/gcomm_kernels_hip.o: gcomm_kernels.hip gcomm_kernels.cu $(LIB_HDR) $(CONFIG)

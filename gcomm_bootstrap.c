@@ -84,13 +84,46 @@ static void noteGpuSharing(gcommComm_t comm, int sharing, int sharingNoMps) {
              "GPU sharing: up to %d ranks of this communicator on one GPU; this rank %s MPS%s",
              sharing, comm->deviceMps ? "runs under" : "does not run under",
              sharingNoMps ? ": ranks share a GPU without MPS (time-sliced)" : "");
-  if (sharingNoMps == 0 || comm->rank != 0 || __atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+  if (sharingNoMps == 0 || comm->sharedCopy || comm->rank != 0 ||
+      __atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
     return;
   GCOMM_WARN(comm,
              "%d ranks share one GPU without MPS: their kernels time-slice the GPU and every "
              "operation waits for a time slice (milliseconds at any size); start the MPS daemon "
              "(nvidia-cuda-mps-control -d) before the ranks",
              sharingNoMps);
+}
+
+/* How ranks that all share one GPU run (GCOMM_SHARED_GPU): on the kernels, whose blocks wait for
+ * the peers' blocks, or by stream-ordered copies and short kernels that never wait on the GPU
+ * (gcomm_gpu_shared.c). Without MPS the contexts time-slice the GPU and a waiting block holds it
+ * for a whole slice, so auto takes the copies there. Every rank decides alike from what all
+ * gathered. Only for communicators whose every rank is on the one GPU. */
+static void chooseSharedGpu(gcommComm_t comm, int sharing, int sharingNoMps) {
+  int mode = comm->params.sharedGpu, all = sharing == comm->nranks && comm->nranks > 1;
+  int fits = all && comm->nranks <= GCOMM_SHARED_MAX_RANKS;
+  comm->sharedCopy = fits && (mode == GCOMM_SHARED_GPU_COPY ||
+                              (mode == GCOMM_SHARED_GPU_AUTO && sharingNoMps > 0));
+#ifdef GCOMM_HIP
+  if (comm->sharedCopy && mode == GCOMM_SHARED_GPU_COPY && comm->rank == 0)
+    GCOMM_WARN(comm, "GCOMM_SHARED_GPU=copy: the copy path is CUDA only: the kernels run");
+  comm->sharedCopy = 0;
+#endif
+  if (mode == GCOMM_SHARED_GPU_COPY && !fits && comm->rank == 0)
+    GCOMM_WARN(comm,
+               "GCOMM_SHARED_GPU=copy needs every rank (2 to %d) on one GPU; %d of %d are: the "
+               "kernels run this communicator",
+               GCOMM_SHARED_MAX_RANKS, sharing, comm->nranks);
+  if (all)
+    GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
+               "GPU sharing: all %d ranks on one GPU, %s: %s (GCOMM_SHARED_GPU=%s)", comm->nranks,
+               sharingNoMps ? "without MPS" : "under MPS",
+               comm->sharedCopy ? "stream-ordered copies and short kernels, no kernel waits for a "
+                                  "peer"
+                                : "the kernels",
+               mode == GCOMM_SHARED_GPU_COPY      ? "copy"
+               : mode == GCOMM_SHARED_GPU_KERNELS ? "kernels"
+                                                  : "auto");
 }
 
 /* Collective (every rank). The channel (block) count a GPU communicator uses by default. A block
@@ -124,6 +157,7 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
     if (run > 1 && noMps && run > sharingNoMps) sharingNoMps = run;
   }
   free(all);
+  if (comm->device >= 0) chooseSharedGpu(comm, sharing, sharingNoMps);
   noteGpuSharing(comm, sharing, sharingNoMps);
   /* Ranks sharing a GPU: one block a multiprocessor for all of them together. The kernel fits 2
    * an SM, but under MPS 8 ranks on one H100 with 32 channels each (256 blocks) stalled in 9 of

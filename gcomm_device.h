@@ -129,6 +129,29 @@ int gcommKernelsLoad(size_t* stackBytes);
  * %globaltimer to flags[2] and sets flags[3] (flags: mapped host memory, device pointer). */
 int gcommKernelTimerPing(volatile uint64_t* flags, void* stream);
 
+/* ---- gcomm_reduce_kernels.cu (CUDA only): the short kernels of ranks that share a GPU without
+ * MPS (gcomm_gpu_shared.c). Each runs over inputs that have all landed and waits for nothing. */
+#define GCOMM_REDUCE_MAX_INPUTS 16
+typedef struct {
+  const void* in[GCOMM_REDUCE_MAX_INPUTS]; /* combined in this order: the same bits everywhere */
+  void* out;
+  size_t count;
+  int nIn, datatype, redop;
+  int divide; /* Avg: the result divided by this; 0: not */
+} gcommReduceArgs_t;
+/* out[i] = in[0][i] op in[1][i] op ... (then / divide). Returns a cudaError_t. */
+int gcommReduceLaunch(const gcommReduceArgs_t* args, void* stream);
+/* Copies rows x bytes: dst + r * dstPitch <- src + r * srcPitch (pitches in bytes), with 16-byte
+ * accesses when everything is 16-byte aligned. Returns a cudaError_t. */
+int gcommCopyLaunch(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t bytes,
+                    size_t rows, void* stream);
+/* PreMulSum's pre-operation over rows x count elements: dst[r * dstPitch + i] = src[r * srcPitch +
+ * i] * scalar (pitches in elements), the scalar's bits, or read from scalarPtr (device memory)
+ * when the kernel runs. Returns a cudaError_t. */
+int gcommPreMulLaunch(void* dst, size_t dstPitch, const void* src, size_t srcPitch, size_t count,
+                      size_t rows, int datatype, uint64_t scalar, const void* scalarPtr,
+                      void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -106,6 +106,9 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
   uint64_t* steps = d->steps;
   gcommIpcFillConns(comm, hc, steps);
   gcommResult_t res = gcommGpuCopyConnect(comm, hc);
+#ifndef GCOMM_HIP
+  if (res == gcommSuccess && comm->sharedCopy) res = gcommGpuSharedConnect(comm);
+#endif
 #ifdef GCOMM_OFI
   if (res == gcommSuccess && comm->net != NULL) res = gcommGpuNetConnect(comm, hc, steps);
 #endif
@@ -212,10 +215,24 @@ static gcommResult_t orderWorks(gcommComm_t comm, gcommOp_t* ops, int n, int* nW
   return gcommSuccess;
 }
 
+#ifndef GCOMM_HIP
+/* Ranks all on one GPU without MPS: no kernel that waits for a peer (gcomm_gpu_shared.c). */
+static gcommResult_t runShared(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
+  WITH_DEVICE(comm, old);
+  gcommResult_t res = gcommGpuSharedRun(comm, ops, n, stream);
+  if (res == gcommSuccess) res = markLaunch(comm, (cudaStream_t)stream);
+  RESTORE_DEVICE(comm, old);
+  return res;
+}
+#endif
+
 gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
   struct gcommDev* d = comm->dev;
   gcommDevLaunch_t* a = d->args;
   int total = 0;
+#ifndef GCOMM_HIP
+  if (d->shared != NULL) return runShared(comm, ops, n, stream);
+#endif
   GCOMM_CHECK(orderWorks(comm, ops, n, &total));
   gcommResult_t res = gcommSuccess;
   WITH_DEVICE(comm, old);
@@ -473,6 +490,9 @@ void gcommDeviceFree(gcommComm_t comm) {
     if (d->netSlots) cudaFree(d->netSlots);
     if (d->prof) gcommGpuProfFree(d->prof);
   }
+#ifndef GCOMM_HIP
+  gcommGpuSharedFree(comm); /* keeps its staging too when d->keepMemory */
+#endif
   if (old >= 0) cudaSetDevice(old);
   free(d->marks);
   free(d->peerRegion);

@@ -49,6 +49,9 @@ struct gcommDev {
   char* ceSlots; /* cudaMalloc: every connection's staging slots */
   char* ceHdrs;  /* cudaHostAlloc'd, mapped: every connection's staging header */
 
+  /* ranks all on one GPU, run by stream-ordered copies (gcomm_gpu_shared.c), or NULL */
+  struct gcommShared* shared;
+
   /* the profiler's kernel timestamps (section at the end), or NULL */
   struct gcommDevProf* prof;
   const gcommWork_t** order; /* gcommDeviceLaunch: the works of a launch by queue */
@@ -93,6 +96,13 @@ void gcommIpcClose(gcommComm_t comm);
 /* ---- gcomm_gpu_copy.c: copy engines (GCOMM_P2P_USE_CUDA_MEMCPY) ---- */
 gcommResult_t gcommGpuCopyConnect(gcommComm_t comm, gcommDevConn_t* hc);
 void gcommGpuCopyFree(struct gcommDev* d);
+
+/* ---- gcomm_gpu_shared.c: ranks that all share one GPU, without spinning kernels (CUDA) ---- */
+/* Collective: this rank's staging and interprocess event, exchanged and opened by every rank. */
+gcommResult_t gcommGpuSharedConnect(gcommComm_t comm);
+/* One call or group's operations as stream-ordered work on stream, meeting the peers' calls. */
+gcommResult_t gcommGpuSharedRun(gcommComm_t comm, gcommOp_t* ops, int n, void* stream);
+void gcommGpuSharedFree(gcommComm_t comm);
 
 /* ---- gcomm_gpu_prof.c: the profiler's kernel timestamps ---- */
 void gcommGpuProfStage(struct gcommDevProf* p, int work, void* parent);

@@ -80,6 +80,9 @@ typedef struct {
   int64_t p2pDisable;    /* GCOMM_P2P_DISABLE (GPU builds) */
   int64_t p2pMemcpy;     /* GCOMM_P2P_USE_CUDA_MEMCPY (GPU builds) */
   int64_t pdl;           /* GCOMM_PDL (GPU builds) */
+  int sharedGpu;         /* GCOMM_SHARED_GPU: GCOMM_SHARED_GPU_AUTO, _KERNELS or _COPY */
+  int64_t sharedChunk;   /* GCOMM_SHARED_GPU_CHUNK: bytes of a collective staging slot */
+  int sharedCopyBy;      /* GCOMM_SHARED_GPU_COPY: 0 copy engines, 1 a copy kernel (SMs) */
   const char* hostId;    /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
   int64_t netDisable;       /* GCOMM_NET_DISABLE */
@@ -111,6 +114,9 @@ typedef struct {
 int gcommParamInfo(int i, gcommParamInfo_t* info);
 int gcommParamParse(int i, const char* text, char* out, size_t len);
 
+#define GCOMM_SHARED_GPU_AUTO 0 /* the indices of GCOMM_SHARED_GPU's choices in gcomm_params.c */
+#define GCOMM_SHARED_GPU_KERNELS 1
+#define GCOMM_SHARED_GPU_COPY 2
 #define GCOMM_NET_GDR_OFF 0 /* the indices of GCOMM_NET_GDR's choices in gcomm_params.c */
 #define GCOMM_NET_GDR_ON 1
 #define GCOMM_NET_GDR_AUTO 2
@@ -325,6 +331,7 @@ struct gcommComm {
   int blockBudget;
   uint64_t devicePci; /* GPU communicators: the GPU's PCI domain, bus and device */
   int deviceMps;      /* GPU communicators: this process reaches its GPU through MPS */
+  int sharedCopy;     /* GPU communicators: every rank on one GPU, run by gcomm_gpu_shared.c */
   int nLocal;         /* ranks on this node */
   gcommCard_t* cards; /* every rank's card */
   char name[64];
@@ -403,11 +410,25 @@ struct gcommComm {
  * collective channel is in (a rank at the same sequence number in a different call is a
  * mismatch even when no data can flow, e.g. two ranks that both think they are the root). */
 #define GCOMM_STATUS_LANES GCOMM_MAX_CHANNELS /* one per collective channel */
+/* Ranks that share a GPU without MPS (gcomm_gpu_shared.c): how far a rank's staging chunks are
+ * published and how far it has read its peers'. Channel 0 carries collectives (read by every rank
+ * that needs the chunk), channel 1 + r the sends to rank r; each has GCOMM_SHARED_SLOTS slots. */
+#define GCOMM_SHARED_MAX_RANKS 16
+#define GCOMM_SHARED_SLOTS 2
+typedef struct {
+  volatile uint64_t published[1 + GCOMM_SHARED_MAX_RANKS]; /* chunks published, per channel */
+  volatile uint64_t readColl[GCOMM_SHARED_MAX_RANKS]; /* [r]: 1 + the last chunk of r's channel 0
+                                                         this rank read */
+  volatile uint64_t readP2p[GCOMM_SHARED_MAX_RANKS];  /* [r]: chunks of r's channel to this rank
+                                                         read */
+  volatile uint32_t tag[1 + GCOMM_SHARED_MAX_RANKS][GCOMM_SHARED_SLOTS]; /* each slot's call */
+} gcommSharedFlags_t;
 typedef struct {
   volatile int code;     /* 0, or the gcommResult_t that stopped the rank (written after msg) */
   volatile int finished; /* the rank destroyed the communicator after all its work succeeded */
   char msg[504];
   volatile uint64_t current[GCOMM_STATUS_LANES]; /* (seq + 1) << 32 | tag, 0: none yet */
+  gcommSharedFlags_t shared;
 } gcommStatus_t;
 
 /* ---- Shared-memory transport (transports/shm.c) ---- */

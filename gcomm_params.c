@@ -23,6 +23,11 @@ enum { PARAM_INT, PARAM_SIZE, PARAM_ENUM, PARAM_STR, PARAM_LOG };
 const char* const gcommAlgoNames[] = {"ring", "tree", "direct", "twoshot", NULL};
 const char* const gcommProtoNames[] = {"simple", "ll", NULL};
 const char* const gcommProxyModeNames[] = {"thread", "poll", NULL};
+#ifdef GCOMM_GPU
+/* GCOMM_SHARED_GPU_AUTO, _KERNELS, _COPY */
+static const char* const sharedGpuNames[] = {"auto", "kernels", "copy", NULL};
+static const char* const sharedCopyNames[] = {"ce", "sm", NULL};
+#endif
 #if defined(GCOMM_GPU) && defined(GCOMM_OFI)
 static const char* const netGdrNames[] = {"0", "1", "auto", NULL}; /* GCOMM_NET_GDR_OFF, ON, AUTO */
 #endif
@@ -80,6 +85,14 @@ static const gcommParamDef_t paramTable[] = {
     {"GCOMM_P2P_USE_CUDA_MEMCPY", "0", PARAM_INT, PARAM_AT(p2pMemcpy), NULL, 0, 1,
      "1: GPU sends to local ranks through copy engines (cudaMemcpyAsync by the progress thread)",
      SHARED},
+    {"GCOMM_SHARED_GPU", "auto", PARAM_ENUM, PARAM_AT(sharedGpu), sharedGpuNames, 0, 0,
+     "ranks all on one GPU: kernels, or copy (stream-ordered copies, no spinning kernels); auto: "
+     "copy when they share it without MPS",
+     SHARED},
+    {"GCOMM_SHARED_GPU_CHUNK", "64M", PARAM_SIZE, PARAM_AT(sharedChunk), NULL, 4096,
+     (int64_t)1 << 30, "GCOMM_SHARED_GPU=copy: bytes of a collective's staging chunk", SHARED},
+    {"GCOMM_SHARED_GPU_COPY", "ce", PARAM_ENUM, PARAM_AT(sharedCopyBy), sharedCopyNames, 0, 0,
+     "GCOMM_SHARED_GPU=copy: staging copies by copy engines (ce) or by a copy kernel (sm)", LOCAL},
     {"GCOMM_PDL", "1", PARAM_INT, PARAM_AT(pdl), NULL, 0, 1,
      "0: a small GPU launch never starts before the previous one on its stream has finished",
      LOCAL},

@@ -5,20 +5,23 @@
 # engines, the network. Logs go to $OUT (or ./gpu-logs).
 # Usage (from the repository root): bash test/gpu/run.sh
 # STAGES picks parts (default: all but knobs, channels and algos): build test perf sweep knobs
-# channels algos large quick mps profiler sanitizer host p2pdisable ce net hmem.
+# channels algos large quick mps shared profiler sanitizer host p2pdisable ce net hmem.
 # One device call may run 10 minutes: split the stages over two calls when all do not fit.
-STAGES=${STAGES:-"build test perf sweep large quick mps profiler sanitizer host p2pdisable ce net hmem"}
+STAGES=${STAGES:-"build test perf sweep large quick mps shared profiler sanitizer host p2pdisable ce net hmem"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 B=${BUILD:-build-gpu}
 export GCOMM_TIMEOUT_MS=${GCOMM_TIMEOUT_MS:-30000}
+# every stage but `shared` runs the kernels, also where ranks share a GPU without MPS (a 1-GPU
+# machine); `shared` runs the copy path that such ranks take by default (GCOMM_SHARED_GPU=auto)
+export GCOMM_SHARED_GPU=kernels
 NG=$(nvidia-smi -L 2>/dev/null | wc -l)
 # ranks of the main stages (test, perf, large, channels): one a GPU, 2 by default;
 # NR=4 on a machine with 4 GPUs
 NR=${NR:-2}
 { nvidia-smi; nvidia-smi topo -m; df -h /dev/shm; } > "$OUT/machine.log" 2>&1
 if command -v mpicc >/dev/null && mpicc -showme >/dev/null 2>&1; then   # Open MPI
-  MPICC=mpicc; RUN="mpirun --oversubscribe --bind-to none -x GCOMM_TIMEOUT_MS -x TEST_NGPUS -x LD_LIBRARY_PATH -x GCOMM_DEBUG -np"
+  MPICC=mpicc; RUN="mpirun --oversubscribe --bind-to none -x GCOMM_TIMEOUT_MS -x TEST_NGPUS -x LD_LIBRARY_PATH -x GCOMM_DEBUG -x GCOMM_SHARED_GPU -x GCOMM_SHARED_GPU_CHUNK -x TEST_SHARED_COPY -np"
   PASSENV="-x GCOMM_PROTO -x GCOMM_DEBUG_SUBSYS"
   P2PENV="-x GCOMM_P2P_DISABLE -x NCCL_P2P_DISABLE -x GCOMM_DEBUG_SUBSYS"
   CEENV="-x GCOMM_P2P_USE_CUDA_MEMCPY -x GCOMM_DEBUG_SUBSYS"
@@ -104,6 +107,28 @@ if want mps && command -v nvidia-cuda-mps-control >/dev/null; then
   done
   TEST_NGPUS=1 GCOMM_TIMEOUT_MS=8000 repeat mps_sweep_4r1g "${MPS_SWEEPS:-30}" 120 $RUN 4 $MPSENV $B/gcomm_perf --coll allreduce -b 8 -e 16M -f 8 -n 50 -w 10 -R 1 --backend gcomm
   echo quit | nvidia-cuda-mps-control
+fi
+# ranks all on one GPU through the copy path (GCOMM_SHARED_GPU: stream-ordered copies and short
+# kernels, none waiting for a peer): without MPS, where auto takes it, test_gpu at 2 ranks and at 4
+# with small staging chunks (every message in many chunks), the stress test at 4, and the
+# all-reduce sweep at 2; under MPS with the path forced, test_gpu at 4. The INFO lines show the
+# path each communicator took.
+if want shared; then
+  export GCOMM_SHARED_GPU=auto TEST_SHARED_COPY=1 TEST_NGPUS=1
+  GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=INIT step shared_2r1g 150 $RUN 2 $B/test/gpu/test_gpu --quick
+  n=$(grep -c "through staging (GCOMM_SHARED_GPU=copy path)" $OUT/shared_2r1g.log)
+  echo "=== shared_used: $n ranks' communicators took the copy path (4 expected: 2 comms x 2 ranks) $([ "$n" -ge 4 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
+  GCOMM_SHARED_GPU_CHUNK=64K step shared_4r1g_64k 200 $RUN 4 $B/test/gpu/test_gpu --quick
+  step shared_stress_4r1g 150 $RUN 4 $B/test/gpu/test_gpu_stress 3 24
+  step shared_perf_2r1g 120 $RUN 2 $B/gcomm_perf --coll allreduce -b 8 -e 64M -f 2 -n 20 -w 5 --backend gcomm
+  if command -v nvidia-cuda-mps-control >/dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
+    MPSENV=""; [ "$MPICC" = mpicc ] && MPSENV="-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d
+    GCOMM_SHARED_GPU=copy step shared_mps_4r1g 200 $RUN 4 $MPSENV $B/test/gpu/test_gpu --quick
+    echo quit | nvidia-cuda-mps-control
+  fi
+  export GCOMM_SHARED_GPU=kernels; unset TEST_SHARED_COPY TEST_NGPUS
 fi
 # the profiler on GPU communicators: kernel-channel events from device timestamps, merged and
 # checked (valid JSON, one track per rank, children inside their parents)

@@ -7,6 +7,9 @@
  * on the stream writes after the operator is made (so the kernel must read it when it runs), each
  * rank its own; AllToAll in place too. Then send/recv, a fused group, and an all-reduce inside CUDA
  * graph capture. Ranks pick GPU localRank % TEST_NGPUS (default: every visible GPU).
+ * TEST_SHARED_COPY=1: every rank is on one GPU and runs the copy path (GCOMM_SHARED_GPU: no
+ * kernel waits for a peer), where algorithms and protocols play no part: only the cost model's
+ * run, and graph capture must be refused.
  */
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -18,7 +21,7 @@
 #include "gpucheck.h"
 #include "gcomm_reduce.h"
 
-static int rank, nranks, failures, checks;
+static int rank, nranks, failures, checks, sharedCopy;
 
 static const char* fnames[] = {"AllReduce",     "Broadcast", "Reduce", "AllGather",
                                "ReduceScatter", "AllToAll",  "Gather", "Scatter"};
@@ -291,6 +294,47 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
   return 0;
 }
 
+/* graph capture: an in-place all-reduce of ones, replayed 3 times -> n^3; then an eager one.
+ * Returns the wrong elements. */
+static int graphCapture(gcommComm_t comm, cudaStream_t s, float* dA, float* h, float* g,
+                        size_t cnt) {
+  int bad = 0;
+  for (size_t i = 0; i < cnt; i++) h[i] = 1.0f;
+  CU(cudaMemcpy(dA, h, cnt * 4, cudaMemcpyHostToDevice));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CK(gcommAllReduce(dA, dA, cnt, gcommFloat, gcommSum, comm, s));
+  CU(cudaStreamEndCapture(s, &graph));
+  CU(cudaGraphInstantiate(&exec, graph, 0));
+  for (int k = 0; k < 3; k++) CU(cudaGraphLaunch(exec, s));
+  CK(gcommWait(comm, s));
+  CU(cudaMemcpy(g, dA, cnt * 4, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < cnt; i++) bad += g[i] != (float)(nranks * nranks * nranks);
+  /* an eager collective after the replays still agrees on the FIFO counters */
+  CK(gcommAllReduce(dA, dA, cnt, gcommFloat, gcommSum, comm, s));
+  CK(gcommWait(comm, s));
+  CU(cudaMemcpy(g, dA, cnt * 4, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < cnt; i++) bad += g[i] != (float)(nranks * nranks * nranks * nranks);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return bad;
+}
+
+/* The copy path refuses graph capture (its flags are set when the host enqueues): a clear
+ * gcommInvalidUsage that changes nothing, and the communicator still works. Returns 1 if not. */
+static int captureRefused(gcommComm_t comm, cudaStream_t s, float* dA, size_t cnt) {
+  cudaGraph_t graph;
+  CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  gcommResult_t r = gcommAllReduce(dA, dA, cnt, gcommFloat, gcommSum, comm, s);
+  CU(cudaStreamEndCapture(s, &graph));
+  cudaGraphDestroy(graph);
+  if (r != gcommInvalidUsage) return 1;
+  CK(gcommAllReduce(dA, dA, cnt, gcommFloat, gcommSum, comm, s));
+  CK(gcommWait(comm, s));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -326,8 +370,10 @@ int main(int argc, char** argv) {
                          "tree", "direct", "twoshot", "auto"};
   const char* protos[] = {"simple", "simple", "simple", "simple", "ll", "ll", "ll", "ll", "auto"};
   const int nRuns = (int)(sizeof(algos) / sizeof(algos[0])); /* the last: the cost model's */
+  const char* copyEnv = getenv("TEST_SHARED_COPY");
+  sharedCopy = copyEnv != NULL && strcmp(copyEnv, "1") == 0;
   int seed = 1;
-  for (int a = 0; a < nRuns; a++) {
+  for (int a = sharedCopy ? nRuns - 1 : 0; a < nRuns; a++) {
     char what[32];
     snprintf(what, sizeof(what), "%s/%s", algos[a], protos[a]);
     if (a < nRuns - 1) {
@@ -407,33 +453,14 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) printf("group send/recv+allreduce+allgather: %s\n", bad ? "FAILED" : "ok");
 
-    /* graph capture: an in-place all-reduce of ones, replayed 3 times -> n^3 */
-    for (size_t i = 0; i < cnt; i++) h[i] = 1.0f;
-    CU(cudaMemcpy(dA, h, cnt * 4, cudaMemcpyHostToDevice));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    CK(gcommAllReduce(dA, dA, cnt, gcommFloat, gcommSum, comm, s));
-    CU(cudaStreamEndCapture(s, &graph));
-    CU(cudaGraphInstantiate(&exec, graph, 0));
-    for (int k = 0; k < 3; k++) CU(cudaGraphLaunch(exec, s));
-    CK(gcommWait(comm, s));
-    CU(cudaMemcpy(g, dA, cnt * 4, cudaMemcpyDeviceToHost));
-    bad = 0;
-    for (size_t i = 0; i < cnt; i++) bad += g[i] != (float)(nranks * nranks * nranks);
-    /* an eager collective after the replays still agrees on the FIFO counters */
-    CK(gcommAllReduce(dA, dA, cnt, gcommFloat, gcommSum, comm, s));
-    CK(gcommWait(comm, s));
-    CU(cudaMemcpy(g, dA, cnt * 4, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < cnt; i++) bad += g[i] != (float)(nranks * nranks * nranks * nranks);
+    bad = sharedCopy ? captureRefused(comm, s, dA, cnt) : graphCapture(comm, s, dA, h, g, cnt);
     checks++;
     if (bad) {
       failures++;
       fprintf(stderr, "FAIL rank %d: graph-captured all-reduce: %d bad elements\n", rank, bad);
     }
-    if (rank == 0) printf("graph capture: %s\n", bad ? "FAILED" : "ok");
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    if (rank == 0)
+      printf("graph capture: %s\n", bad ? "FAILED" : sharedCopy ? "refused (copy path)" : "ok");
     /* argument checks on a GPU comm */
     gcommResult_t r = gcommAllReduce(NULL, dA, 4, gcommFloat, gcommSum, comm, s);
     gcommResult_t r2 = gcommAllReduce(h, dA, 4, gcommFloat, gcommSum, comm, s);
