@@ -99,7 +99,10 @@ EXAMPLES += $(patsubst examples/%.f90,$(BUILD)/fortran/%,$(wildcard examples/*.f
 TESTS    += $(patsubst test/%.f90,$(BUILD)/test/%,$(wildcard test/*.f90))
 endif
 
-all: $(BUILD)/libgcomm.a $(BUILD)/libgcomm.so $(FLIB) $(EXAMPLES) $(TESTS) $(PLUGINS)
+# the stand-in gdrcopy library test_knobs loads (test/gdr/)
+TEST_LIBS = $(BUILD)/test/gdr/libgdrapi-fake.so
+
+all: $(BUILD)/libgcomm.a $(BUILD)/libgcomm.so $(FLIB) $(EXAMPLES) $(TESTS) $(PLUGINS) $(TEST_LIBS)
 
 # What $(BUILD) was last built with: every output depends on it, so that a make with other options
 # in the same folder (`make OFI=1 test-net` after `make run`, SAN=1, ...) rebuilds everything
@@ -162,6 +165,9 @@ $(BUILD)/examples/libgcomm-profiler-%.so: examples/profiler/%.c gcomm_profiler.h
 $(BUILD)/test/plugins/libgcomm-profiler-%.so: test/plugins/%.c gcomm_profiler.h $(PUB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
+$(BUILD)/test/gdr/libgdrapi-fake.so: test/gdr/fake_gdrapi.c $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
 $(BUILD)/test/%: test/%.c $(BUILD)/libgcomm.a $(PUB_HDR) $(wildcard test/*.h) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
@@ -198,7 +204,7 @@ run: $(BUILD)/gcomm_perf
 	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 16 -e 64M -f 4 --backend gcomm,mpi
 
 format:
-	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c fortran/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c test/fuzz/*.c nccl/*.c
+	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c fortran/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gdr/*.c test/gpu/*.c test/fuzz/*.c nccl/*.c
 
 clean:
 	rm -rf $(BUILD)
