@@ -391,6 +391,7 @@ struct gcommComm {
   int threadStarted, stopThread;
   uint64_t passes, dumpSeen;
   uint64_t opsPosted; /* atomic: operations handed to the engine */
+  uint64_t opsLaunched; /* atomic: GPU operations launched (the progress thread's CPU report) */
   uint64_t opsDone;   /* atomic: operations the engine finished */
   pthread_mutex_t doneLock;
   pthread_cond_t doneCond;

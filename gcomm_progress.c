@@ -268,7 +268,7 @@ static uint64_t hostBackoff(uint64_t* idleSince, int mayNap) {
 }
 
 /* At the thread's end, GCOMM_DEBUG=INFO (PROXY): the CPU it used over the communicator's life,
- * in all and per operation posted, what the proxy knobs (GCOMM_PROGRESS_APPENDOP_FREQ,
+ * in all and per operation posted or launched, what the proxy knobs (GCOMM_PROGRESS_APPENDOP_FREQ,
  * GCOMM_PROXY_APPEND_BATCH_SIZE, copy engines, ...) trade against latency. */
 static void reportThreadCpu(gcommComm_t comm) {
   struct timespec cpu;
@@ -276,7 +276,8 @@ static void reportThreadCpu(gcommComm_t comm) {
       clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) != 0)
     return;
   double us = cpu.tv_sec * 1e6 + cpu.tv_nsec / 1e3;
-  unsigned long long ops = __atomic_load_n(&comm->opsPosted, __ATOMIC_RELAXED);
+  unsigned long long ops = __atomic_load_n(&comm->opsPosted, __ATOMIC_RELAXED) +
+                           __atomic_load_n(&comm->opsLaunched, __ATOMIC_RELAXED);
   GCOMM_INFO(GCOMM_SUBSYS_PROXY, comm,
              "progress thread CPU time: %.0f us over %llu operations, %.2f us an operation "
              "(%llu passes)",
