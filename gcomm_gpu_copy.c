@@ -167,10 +167,12 @@ gcommResult_t gcommGpuCopyConnect(gcommComm_t comm, gcommDevConn_t* hc) {
       if (dirs & dir) GCOMM_CHECK(ceConnectPeer(comm, hc, p, dir, &k, devHdrs, fifoBytes));
   }
   GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
-             "GPU %d: %s%s%s through copy engines (%s, Simple protocol only): %d FIFOs, %zu "
-             "bytes of GPU memory, %zu bytes of pinned host memory; staging words %s",
-             comm->device, dirs & GCOMM_SHM_COPY_SEND ? "sends to local ranks" : "",
-             dirs == 3 ? " and " : "", dirs & GCOMM_SHM_COPY_RECV ? "receives from them" : "",
+             "GPU %d: %s local ranks through copy engines (%s, Simple protocol only): %d FIFOs, "
+             "%zu bytes of GPU memory, %zu bytes of pinned host memory; staging words %s",
+             comm->device,
+             dirs == GCOMM_SHM_COPY_SEND   ? "sends to"
+             : dirs == GCOMM_SHM_COPY_RECV ? "receives from"
+                                           : "sends to and receives from",
              d->staged ? "GCOMM_SHM_USE_CUDA_MEMCPY=1, FIFOs staged in host memory"
                        : "GCOMM_P2P_USE_CUDA_MEMCPY=1",
              d->nCe, fifoBytes * d->nCe, (size_t)GCOMM_DEV_FIFO_HDR * d->nCe,
