@@ -33,12 +33,12 @@ typedef struct cePeer {
 
 typedef struct ceConn {
   cePeer_t* to;
-  uint64_t copied;               /* steps whose copies are enqueued */
-  const volatile uint64_t* src;  /* the source FIFO's header, as the proxy reads it */
-  char* slots;                   /* the source FIFO's slots */
-  uint64_t* tailVals;            /* pinned host memory: what the tail copies read */
-  char* dst;                     /* the destination FIFO (tail at 0, bytes[] at CE_BYTES_OFF,
-                                    slots at GCOMM_DEV_FIFO_HDR) */
+  uint64_t copied;              /* steps whose copies are enqueued */
+  const volatile uint64_t* src; /* the source FIFO's header, as the proxy reads it */
+  char* slots;                  /* the source FIFO's slots */
+  uint64_t* tailVals;           /* pinned host memory: what the tail copies read */
+  char* dst;                    /* the destination FIFO (tail at 0, bytes[] at CE_BYTES_OFF,
+                                   slots at GCOMM_DEV_FIFO_HDR) */
 } ceConn_t;
 
 /* Which connections to a local peer the copy engines serve here: GCOMM_SHM_COPY_SEND and/or

@@ -110,7 +110,7 @@ void gcommIpcClose(gcommComm_t comm);
  * it: the host view in the owner's shm area when staged, addr itself otherwise. */
 char* gcommIpcHostAddress(gcommComm_t comm, const char* addr);
 
-/* ---- gcomm_gpu_copy.c: copy engines (GCOMM_P2P_USE_CUDA_MEMCPY, GCOMM_SHM_USE_CUDA_MEMCPY) ---- */
+/* ---- gcomm_gpu_copy.c: copy engines (GCOMM_P2P_ and GCOMM_SHM_USE_CUDA_MEMCPY) ---- */
 /* Points the kernels' connections to local peers that copy engines serve at their staging or
  * mirror FIFOs (after gcommIpcFillConns). */
 gcommResult_t gcommGpuCopyConnect(gcommComm_t comm, gcommDevConn_t* hc);

@@ -31,8 +31,7 @@ static pthread_once_t drvOnce = PTHREAD_ONCE_INIT;
 
 static void drvEntry(const char* name, void** fn) {
   enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
+  if (cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
       found != cudaDriverEntryPointSuccess) {
     cudaGetLastError();
     *fn = NULL;
@@ -142,7 +141,7 @@ static gcommGdr_t* proxyGdr(gcommComm_t comm, const char* knob) {
   struct gcommDev* d = comm->dev;
   if (d->gdr != NULL || d->gdrMissing) return d->gdr;
   char why[512];
-  d->gdr = gcommGdrOpen(comm->params.gdrLibrary, why, sizeof(why));
+  d->gdr = gcommGdrOpen(comm->params.gdrLib, why, sizeof(why));
   d->gdrMissing = d->gdr == NULL;
   if (d->gdr == NULL)
     GCOMM_INFO(GCOMM_SUBSYS_INIT, comm, "%s=1: no gdrcopy (%s): falling back to %s", knob, why,

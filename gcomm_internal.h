@@ -101,7 +101,7 @@ typedef struct {
   int64_t threadContext; /* GCOMM_CREATE_THREAD_CONTEXT */
   int64_t gdrSync;       /* GCOMM_GDRCOPY_SYNC_ENABLE */
   int64_t gdrFlush;      /* GCOMM_GDRCOPY_FLUSH_ENABLE */
-  const char* gdrLibrary; /* GCOMM_GDRCOPY_LIBRARY */
+  const char* gdrLib;    /* GCOMM_GDRCOPY_LIBRARY */
   const char* hostId;    /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
   int64_t netDisable;       /* GCOMM_NET_DISABLE */
@@ -391,7 +391,7 @@ struct gcommComm {
   int threadStarted, stopThread;
   uint64_t passes, dumpSeen;
   uint64_t opsPosted; /* atomic: operations handed to the engine */
-  uint64_t opsLaunched; /* atomic: GPU operations launched (the progress thread's CPU report) */
+  uint64_t opsGpu;    /* atomic: GPU operations launched (the progress thread's CPU report) */
   uint64_t opsDone;   /* atomic: operations the engine finished */
   pthread_mutex_t doneLock;
   pthread_cond_t doneCond;

@@ -277,7 +277,7 @@ static void reportThreadCpu(gcommComm_t comm) {
     return;
   double us = cpu.tv_sec * 1e6 + cpu.tv_nsec / 1e3;
   unsigned long long ops = __atomic_load_n(&comm->opsPosted, __ATOMIC_RELAXED) +
-                           __atomic_load_n(&comm->opsLaunched, __ATOMIC_RELAXED);
+                           __atomic_load_n(&comm->opsGpu, __ATOMIC_RELAXED);
   GCOMM_INFO(GCOMM_SUBSYS_PROXY, comm,
              "progress thread CPU time: %.0f us over %llu operations, %.2f us an operation "
              "(%llu passes)",

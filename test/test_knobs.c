@@ -67,10 +67,11 @@ static void testParse(void) {
   setenv("GCOMM_GDRCOPY_LIBRARY", "/opt/gdr/libgdrapi.so.2", 1);
   gcommParamsRead(&p);
   unsetenv("GCOMM_GDRCOPY_LIBRARY");
-  if (p.gdrLibrary == NULL || strcmp(p.gdrLibrary, "/opt/gdr/libgdrapi.so.2") != 0)
-    tlFail("GCOMM_GDRCOPY_LIBRARY reads %s", p.gdrLibrary ? p.gdrLibrary : "NULL");
-  tlReport("knobs: every valid value of the proxy's knobs is read, every invalid one keeps the "
-           "default");
+  if (p.gdrLib == NULL || strcmp(p.gdrLib, "/opt/gdr/libgdrapi.so.2") != 0)
+    tlFail("GCOMM_GDRCOPY_LIBRARY reads %s", p.gdrLib ? p.gdrLib : "NULL");
+  tlReport(
+      "knobs: every valid value of the proxy's knobs is read, every invalid one keeps the "
+      "default");
 }
 
 /* An all-reduce (sum of int64) and an all-gather of odd counts and random data on comm, against
@@ -111,8 +112,9 @@ static void testLocalDiffer(void) {
     tlBarrier(MPI_COMM_WORLD);
     tlCommDestroy(comm);
   }
-  tlReport("knobs: ranks differing on GCOMM_CREATE_THREAD_CONTEXT and GCOMM_GDRCOPY_* init and "
-           "match MPI's all-reduce and all-gather");
+  tlReport(
+      "knobs: ranks differing on GCOMM_CREATE_THREAD_CONTEXT and GCOMM_GDRCOPY_* init and "
+      "match MPI's all-reduce and all-gather");
 }
 
 /* ---- gcomm_gdr.c over the stand-in library ---- */
@@ -138,8 +140,8 @@ static void testGdrMap(gcommGdr_t* g, int (*pinned)(void)) {
     tlFail("a range off a GPU page: mapped, or \"%s\"", why);
   if (gcommGdrMap(g, (uint64_t)(uintptr_t)gpu, 100, why, sizeof(why)) != NULL)
     tlFail("a range of 100 bytes was mapped");
-  gcommGdrMapping_t* m = gcommGdrMap(g, (uint64_t)(uintptr_t)gpu, PAGES * GCOMM_GDR_PAGE, why,
-                                     sizeof(why));
+  gcommGdrMapping_t* m =
+      gcommGdrMap(g, (uint64_t)(uintptr_t)gpu, PAGES * GCOMM_GDR_PAGE, why, sizeof(why));
   if (m == NULL) {
     tlFail("gcommGdrMap: %s", why);
   } else {
@@ -174,8 +176,9 @@ static void testGdr(const char* fake) {
     if (pinned != NULL && pinned() != 0) tlFail("%d pins or opens left after close", pinned());
   }
   if (lib != NULL) dlclose(lib);
-  tlReport("knobs: gdrcopy over a stand-in library: mapped writes land, all undone at close; no "
-           "library, no gdr_*, gdr_open failing and partial GPU pages each say why");
+  tlReport(
+      "knobs: gdrcopy over a stand-in library: mapped writes land, all undone at close; no "
+      "library, no gdr_*, gdr_open failing and partial GPU pages each say why");
 }
 
 int main(int argc, char** argv) {

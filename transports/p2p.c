@@ -117,7 +117,7 @@ gcommResult_t gcommDevicePlaceFifos(gcommComm_t comm, uint64_t hostId, size_t* s
                (int)comm->params.shmLocality,
                comm->params.shmLocality == GCOMM_SHM_AT_SENDER ? "sender" : "receiver",
                (int)comm->params.shmMemcpy,
-               !comm->params.shmMemcpy ? ": the kernels read and write them over PCIe"
+               !comm->params.shmMemcpy           ? ": the kernels read and write them over PCIe"
                : comm->params.shmMemcpyMode == 1 ? ", mode 1: copy engines fill them"
                : comm->params.shmMemcpyMode == 2 ? ", mode 2: copy engines drain them"
                                                  : ", mode 3: copy engines fill and drain them");
