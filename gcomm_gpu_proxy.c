@@ -17,9 +17,11 @@
 
 #ifndef GCOMM_HIP
 /* The driver calls used, as the CUDA 12.0 ABI has them (CUresult, CUcontext and CUdevice as the
- * plain types they are), found with cudaGetDriverEntryPointByVersion. */
+ * plain types they are), found with cudaGetDriverEntryPointByVersion: cuCtxCreate is then its
+ * 11.4 form (execution-affinity parameters, none passed). */
+#define CU_CTX_MAP_HOST 0x08
 static struct {
-  int (*ctxCreate)(void** ctx, unsigned flags, int dev);
+  int (*ctxCreate)(void** ctx, const void* affinity, int nAffinity, unsigned flags, int dev);
   int (*ctxDestroy)(void* ctx);
   int (*ctxPush)(void* ctx);
   int (*ctxPop)(void** ctx);
@@ -61,7 +63,7 @@ static void* createContext(gcommComm_t comm) {
   }
   int dev = 0, rc = drv.deviceGet(&dev, comm->device);
   void *ctx = NULL, *popped = NULL;
-  if (rc == 0) rc = drv.ctxCreate(&ctx, 0, dev);
+  if (rc == 0) rc = drv.ctxCreate(&ctx, NULL, 0, CU_CTX_MAP_HOST, dev);
   if (rc == 0) drv.ctxPop(&popped); /* cuCtxCreate made it current: the caller's comes back */
   if (rc != 0)
     GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
