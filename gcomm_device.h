@@ -12,8 +12,8 @@
  *   recv FIFOs  [local sender][lane] (staged with GCOMM_SHM_LOCALITY=1: send FIFOs
  *               [local receiver][lane], in the sender's region): a 256-byte header (tail at 0,
  *               written by the sender; bytes[GCOMM_STEPS] at 64), GCOMM_STEPS slots of
- *               slotBytes (Simple), then GCOMM_STEPS LL slots of GCOMM_LL_SLOT_BYTES (zeroed at setup: no line carries a
- *               flag before it is written)
+ *               slotBytes (Simple), then GCOMM_STEPS LL slots of GCOMM_LL_SLOT_BYTES (zeroed
+ *               at setup: no line carries a flag before it is written)
  *   send heads  [local receiver][lane]: 128 bytes, head at 0, written by the receiver
  * and, in a separate cudaMalloc that no other rank reads:
  *   steps       [GCOMM_DEV_COUNTERS][lane * nranks + peer]: this rank's own counters, persistent
