@@ -105,7 +105,7 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
   if (hc == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   uint64_t* steps = d->steps;
   gcommIpcFillConns(comm, hc, steps);
-  gcommResult_t res = gcommGpuProxyCtxCreate(comm);
+  gcommResult_t res = gcommGpuProxySetup(comm);
   if (res == gcommSuccess) res = gcommGpuCopyConnect(comm, hc);
 #ifdef GCOMM_OFI
   if (res == gcommSuccess && comm->net != NULL) res = gcommGpuNetConnect(comm, hc, steps);

@@ -122,9 +122,9 @@ typedef struct {
   int device;
   enum cudaStreamCaptureMode mode;
 } gcommProxyCtx_t;
-/* GCOMM_CREATE_THREAD_CONTEXT=1: d->proxyCtx, a context of its own (NULL where it cannot be
- * made, said at INFO). */
-gcommResult_t gcommGpuProxyCtxCreate(gcommComm_t comm);
+/* At connect: GCOMM_CREATE_THREAD_CONTEXT=1: d->proxyCtx, a context of its own (NULL where it
+ * cannot be made, said at INFO); a GCOMM_GDRCOPY_FLUSH_ENABLE=1 with nothing to flush said. */
+gcommResult_t gcommGpuProxySetup(gcommComm_t comm);
 /* Around the proxy's CUDA calls on any thread: its context (or comm's GPU) current, relaxed
  * capture mode; Leave restores the caller's. */
 gcommResult_t gcommGpuProxyEnter(gcommComm_t comm, gcommProxyCtx_t* saved);

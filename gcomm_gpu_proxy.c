@@ -74,7 +74,14 @@ static void* createContext(gcommComm_t comm) {
 }
 #endif
 
-gcommResult_t gcommGpuProxyCtxCreate(gcommComm_t comm) {
+gcommResult_t gcommGpuProxySetup(gcommComm_t comm) {
+  int netFifos = 0;
+#ifdef GCOMM_OFI
+  netFifos = comm->net != NULL;
+#endif
+  if (comm->params.gdrFlush && !netFifos)
+    GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
+               "GCOMM_GDRCOPY_FLUSH_ENABLE=1: no network FIFOs here, so nothing to flush");
   if (!comm->params.threadContext) return gcommSuccess;
 #ifdef GCOMM_HIP
   GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
