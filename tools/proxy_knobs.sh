@@ -26,7 +26,7 @@ export GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=INIT,PROXY GCOMM_TIMEOUT_MS=${GCOMM_T
 KNOBS="GCOMM_P2P_DISABLE GCOMM_P2P_USE_CUDA_MEMCPY GCOMM_SHM_USE_CUDA_MEMCPY GCOMM_SHM_MEMCPY_MODE
        GCOMM_SHM_LOCALITY GCOMM_CREATE_THREAD_CONTEXT GCOMM_GDRCOPY_SYNC_ENABLE
        GCOMM_PROGRESS_APPENDOP_FREQ GCOMM_PROXY_APPEND_BATCH_SIZE"
-if command -v mpirun >/dev/null && mpirun --version 2>&1 | grep -qi "open mpi"; then
+if command -v mpicc >/dev/null && mpicc -showme >/dev/null 2>&1; then # Open MPI, as test/gpu/run.sh
   RUN=(mpirun --oversubscribe --bind-to none -x GCOMM_DEBUG -x GCOMM_DEBUG_SUBSYS -x GCOMM_TIMEOUT_MS)
   for k in $KNOBS; do RUN+=(-x "$k"); done
   RUN+=(-np 2)
