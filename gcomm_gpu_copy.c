@@ -53,10 +53,12 @@ static int ceDirections(gcommComm_t comm) {
                  "memory (GCOMM_SHM_USE_CUDA_MEMCPY=1 chooses copy engines there)");
     return p->shmMemcpy ? (int)p->shmMemcpyMode : 0;
   }
-  if (p->shmMemcpy)
+  if (p->shmMemcpy || p->shmLocality != GCOMM_SHM_AT_RECEIVER)
     GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
-               "GCOMM_SHM_USE_CUDA_MEMCPY=1 is ignored: the GPU FIFOs are in GPU memory, not "
-               "staged through host memory (GCOMM_P2P_DISABLE=1 stages them)");
+               "GCOMM_SHM_USE_CUDA_MEMCPY=%d and GCOMM_SHM_LOCALITY=%d are ignored: the GPU FIFOs "
+               "are in GPU memory, not staged through host memory (GCOMM_P2P_DISABLE=1 stages "
+               "them)",
+               (int)p->shmMemcpy, (int)p->shmLocality);
   return p->p2pMemcpy ? GCOMM_SHM_COPY_SEND : 0;
 }
 
