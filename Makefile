@@ -32,10 +32,11 @@ endif
 # the core (gcomm.c: the API; gcomm_*.c: one concern each, docs/ARCHITECTURE.md) and the transports
 CORE_SRC = gcomm_params.c gcomm_wait.c gcomm_order.c gcomm_net_direct.c \
            gcomm_executor.c gcomm_progress.c gcomm_profiler.c gcomm_tuning.c gcomm_args.c \
-           gcomm_enqueue.c gcomm_bootstrap.c gcomm_vcoll.c
+           gcomm_enqueue.c gcomm_bootstrap.c gcomm_vcoll.c gcomm_gdr.c
 LIB_SRC  = gcomm.c $(CORE_SRC) transports/shm.c
 # the GPU engine (CUDA=1 or HIP=1) and the IPC transport between a node's GPUs
-GPU_SRC  = gcomm_gpu_engine.c gcomm_gpu_copy.c gcomm_gpu_prof.c gcomm_gpu_net.c transports/p2p.c
+GPU_SRC  = gcomm_gpu_engine.c gcomm_gpu_copy.c gcomm_gpu_proxy.c gcomm_gpu_prof.c gcomm_gpu_net.c \
+           transports/p2p.c
 # the public headers (gcomm.h includes gcomm_types.h), then the internal ones
 PUB_HDR  = gcomm.h gcomm_types.h
 LIB_HDR  = $(PUB_HDR) gcomm_profiler.h gcomm_internal.h gcomm_core.h gcomm_gpu_engine.h gcomm_sched.h gcomm_reduce.h gcomm_device.h gcomm_gpu.h
@@ -98,7 +99,10 @@ EXAMPLES += $(patsubst examples/%.f90,$(BUILD)/fortran/%,$(wildcard examples/*.f
 TESTS    += $(patsubst test/%.f90,$(BUILD)/test/%,$(wildcard test/*.f90))
 endif
 
-all: $(BUILD)/libgcomm.a $(BUILD)/libgcomm.so $(FLIB) $(EXAMPLES) $(TESTS) $(PLUGINS)
+# the stand-in gdrcopy library test_knobs loads (test/gdr/)
+TEST_LIBS = $(BUILD)/test/gdr/libgdrapi-fake.so
+
+all: $(BUILD)/libgcomm.a $(BUILD)/libgcomm.so $(FLIB) $(EXAMPLES) $(TESTS) $(PLUGINS) $(TEST_LIBS)
 
 # What $(BUILD) was last built with: every output depends on it, so that a make with other options
 # in the same folder (`make OFI=1 test-net` after `make run`, SAN=1, ...) rebuilds everything
@@ -164,6 +168,9 @@ $(BUILD)/examples/libgcomm-profiler-%.so: examples/profiler/%.c gcomm_profiler.h
 $(BUILD)/test/plugins/libgcomm-profiler-%.so: test/plugins/%.c gcomm_profiler.h $(PUB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
+$(BUILD)/test/gdr/libgdrapi-fake.so: test/gdr/fake_gdrapi.c $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(MPICC) $(CFLAGS) -shared -o $@ $< $(LDFLAGS)
 $(BUILD)/test/%: test/%.c $(BUILD)/libgcomm.a $(PUB_HDR) $(wildcard test/*.h) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS)
@@ -200,7 +207,7 @@ run: $(BUILD)/gcomm_perf
 	$(MPIEXEC) -n 4 $(BUILD)/gcomm_perf --coll allreduce -b 16 -e 64M -f 4 --backend gcomm,mpi
 
 format:
-	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c fortran/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gpu/*.c test/fuzz/*.c nccl/*.c
+	clang-format -i gcomm.h gcomm.c gcomm_*.h gcomm_kernels.cu gcomm_kernels.hip transports/*.c fortran/*.c examples/*.c examples/profiler/*.c test/*.c test/*.h test/plugins/*.c test/gdr/*.c test/gpu/*.c test/fuzz/*.c nccl/*.c
 
 clean:
 	rm -rf $(BUILD)

@@ -288,13 +288,14 @@ static gcommResult_t checkShapeAgrees(gcommComm_t comm, uint64_t hostId) {
   shape[SLOT_BYTES] = (int)comm->slotBytes;
   shape[LANES] = comm->nLanes;
   shape[CHECK_MISMATCH] = (int)comm->params.checkMismatch;
-  shape[COPY_ENGINES] = comm->device >= 0 && comm->params.p2pMemcpy;
+  shape[COPY_ENGINES] = comm->device >= 0 && (comm->params.p2pMemcpy || comm->params.shmMemcpy);
   MPI_CHECK(comm, MPI_Allreduce(shape, lo, NFIELDS, MPI_INT, MPI_MIN, comm->mpiComm));
   MPI_CHECK(comm, MPI_Allreduce(shape, hi, NFIELDS, MPI_INT, MPI_MAX, comm->mpiComm));
   if (memcmp(lo, hi, sizeof(lo)) != 0)
     return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
                        "ranks disagree on GCOMM_NCHANNELS (%d..%d), GCOMM_BUFFSIZE, "
-                       "GCOMM_CHECK_MISMATCH, GCOMM_P2P_USE_CUDA_MEMCPY or GPU vs host "
+                       "GCOMM_CHECK_MISMATCH, GCOMM_P2P_USE_CUDA_MEMCPY, "
+                       "GCOMM_SHM_USE_CUDA_MEMCPY or GPU vs host "
                        "(config.device): set them the same on every rank",
                        lo[CHANNELS], hi[CHANNELS]);
 #ifdef GCOMM_OFI

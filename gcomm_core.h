@@ -52,8 +52,8 @@ static inline int stagesNet(gcommComm_t comm) {
 #endif
 }
 
-/* A GPU communicator whose kernels send to local ranks through staging FIFOs that the progress
- * thread copies with copy engines (GCOMM_P2P_USE_CUDA_MEMCPY, gcomm_gpu_copy.c). */
+/* A GPU communicator some of whose FIFOs to local ranks the progress thread fills or drains with
+ * copy engines (GCOMM_P2P_USE_CUDA_MEMCPY, GCOMM_SHM_USE_CUDA_MEMCPY, gcomm_gpu_copy.c). */
 static inline int copiesByEngine(gcommComm_t comm) {
 #ifdef GCOMM_GPU
   return comm->device >= 0 && gcommDeviceCopyEngines(comm);

@@ -9,10 +9,11 @@
  * Layout of one rank's region (one cudaMalloc exported with cudaIpcGetMemHandle; or, staged
  * (GCOMM_P2P_DISABLE), an area of the rank's shm segment that every local process registers with
  * cudaHostRegister):
- *   recv FIFOs  [local sender][lane]: a 256-byte header (tail at 0, written by the sender;
- *               bytes[GCOMM_STEPS] at 64), GCOMM_STEPS slots of slotBytes (Simple), then
- *               GCOMM_STEPS LL slots of GCOMM_LL_SLOT_BYTES (zeroed at setup: no line carries a
- *               flag before it is written)
+ *   recv FIFOs  [local sender][lane] (staged with GCOMM_SHM_LOCALITY=1: send FIFOs
+ *               [local receiver][lane], in the sender's region): a 256-byte header (tail at 0,
+ *               written by the sender; bytes[GCOMM_STEPS] at 64), GCOMM_STEPS slots of
+ *               slotBytes (Simple), then GCOMM_STEPS LL slots of GCOMM_LL_SLOT_BYTES (zeroed
+ *               at setup: no line carries a flag before it is written)
  *   send heads  [local receiver][lane]: 128 bytes, head at 0, written by the receiver
  * and, in a separate cudaMalloc that no other rank reads:
  *   steps       [GCOMM_DEV_COUNTERS][lane * nranks + peer]: this rank's own counters, persistent
@@ -35,6 +36,9 @@
  * waits for head, fills the staging slot and word, release-stores the tail (system scope), and
  * the progress thread copies slot, word and tail into the receiver's FIFO with cudaMemcpyAsync,
  * the tail last in the same stream (gcommDeviceCopyProgress). Simple protocol only, as above.
+ * Staged with GCOMM_SHM_USE_CUDA_MEMCPY=1 the same staging serves sends (mode 1, 3), and
+ * receives (mode 2, 3) get a mirror FIFO in this rank's GPU memory that the progress thread fills
+ * from the host FIFO, tail last; the receive connection's tail, bytes[] and slots point at it.
  */
 #ifndef GCOMM_DEVICE_H
 #define GCOMM_DEVICE_H
@@ -193,14 +197,15 @@ void gcommDeviceAbort(gcommComm_t comm);
  * the progress thread then polls the network or the copy engines instead of napping. Progress
  * thread only. */
 int gcommDeviceKernelsWaiting(gcommComm_t comm);
-/* Whether this rank's sends to local peers go through copy engines (GCOMM_P2P_USE_CUDA_MEMCPY=1
- * and the FIFOs not staged: the same answer on every rank of the node, the knob being checked
- * alike at init). Such a communicator uses the Simple protocol only. */
+/* Whether copy engines move some of this rank's FIFOs to local peers (GCOMM_P2P_USE_CUDA_MEMCPY=1
+ * on FIFOs in GPU memory, GCOMM_SHM_USE_CUDA_MEMCPY=1 on staged ones: the same answer on every
+ * rank of the node, the knobs being checked alike at init). Such a communicator uses the Simple
+ * protocol only. */
 int gcommDeviceCopyEngines(gcommComm_t comm);
-/* The copy-engine proxy, run by progressPass: for every staging FIFO whose tail moved, enqueues
- * the copies of its new slots, their words and then the tail into the receiver's FIFO (one
- * stream per peer); *moved = 1 when it enqueued some. A failed copy: gcommDeviceError naming
- * the peer. */
+/* The copy-engine proxy, run by progressPass: for every source FIFO (a staging FIFO, or a staged
+ * host FIFO with a mirror) whose tail moved, enqueues the copies of its new slots, their words and
+ * then the tail into the destination FIFO (one stream per peer and direction); *moved = 1 when it
+ * enqueued some. A failed copy: gcommDeviceError naming the peer. */
 gcommResult_t gcommDeviceCopyProgress(gcommComm_t comm, int* moved);
 /* Makes comm's GPU current on the calling thread (the progress thread), in relaxed capture mode;
  * nothing for a host comm. */

@@ -80,6 +80,7 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int maxChanne
  * the progress thread, which may be asleep with nothing posted. */
 static gcommResult_t launchOps(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
   gcommResult_t res = gcommDeviceLaunch(comm, ops, n, stream);
+  if (res == gcommSuccess) __atomic_add_fetch(&comm->opsGpu, n, __ATOMIC_RELAXED);
   if (res == gcommSuccess && hasGpuProxy(comm)) {
     pthread_mutex_lock(&comm->postLock);
     pthread_cond_signal(&comm->postCond);

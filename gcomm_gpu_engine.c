@@ -105,7 +105,8 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
   if (hc == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   uint64_t* steps = d->steps;
   gcommIpcFillConns(comm, hc, steps);
-  gcommResult_t res = gcommGpuCopyConnect(comm, hc);
+  gcommResult_t res = gcommGpuProxySetup(comm);
+  if (res == gcommSuccess) res = gcommGpuCopyConnect(comm, hc);
 #ifndef GCOMM_HIP
   if (res == gcommSuccess && comm->sharedCopy) res = gcommGpuSharedConnect(comm);
 #endif
@@ -367,7 +368,7 @@ int gcommDeviceKernelsWaiting(gcommComm_t comm) {
 
 void gcommDeviceBindThread(gcommComm_t comm) {
   if (comm->device < 0) return;
-  cudaError_t e = cudaSetDevice(comm->device);
+  cudaError_t e = gcommGpuProxyBind(comm) ? cudaSuccess : cudaSetDevice(comm->device);
   if (e != cudaSuccess)
     GCOMM_WARN(comm, "progress thread: cudaSetDevice(%d) failed: %s", comm->device,
                cudaGetErrorString(e));
@@ -479,7 +480,8 @@ void gcommDeviceFree(gcommComm_t comm) {
   cudaGetDevice(&old);
   if (comm->device >= 0) cudaSetDevice(comm->device);
   for (int i = 0; i < d->nMarks; i++) cudaEventDestroy(d->marks[i].done);
-  gcommGpuCopyFree(d);  /* first: its copies write into the peers' regions */
+  gcommGpuCopyFree(comm); /* first: its copies write into the peers' regions */
+  gcommGpuProxyFree(comm);
   if (!d->keepMemory) { /* else a kernel may still run: leaked, never reused under it */
     gcommIpcClose(comm);
     if (d->steps) cudaFree(d->steps);

@@ -17,6 +17,13 @@ typedef struct {
   cudaEvent_t done;
 } launchMark_t;
 
+/* GPU memory mapped for the CPU by gdrcopy (gcomm_gpu_proxy.c) */
+typedef struct {
+  void* alloc;                 /* cudaMalloc'd */
+  char* gpu;                   /* its first whole GPU page, which the mapping starts at */
+  struct gcommGdrMapping* map; /* the CPU's view */
+} gpuMapping_t;
+
 #define GPU_POINTERS_KNOWN 8
 struct gcommDev {
   int staged;        /* the regions are in pinned shared host memory, not GPU memory */
@@ -46,8 +53,18 @@ struct gcommDev {
   struct ceConn* ce;      /* [nCe]: the connections, by peer then lane */
   struct cePeer* cePeers; /* [nCePeers]: each local peer's copy stream */
   int nCe, nCePeers;
-  char* ceSlots; /* cudaMalloc: every connection's staging slots */
-  char* ceHdrs;  /* cudaHostAlloc'd, mapped: every connection's staging header */
+  char* ceSlots; /* cudaMalloc: every connection's FIFO in GPU memory (staging or mirror) */
+  char* ceHdrs;  /* cudaHostAlloc'd, mapped: every connection's staging header, tail values */
+  /* the proxy (gcomm_gpu_proxy.c): its own context (GCOMM_CREATE_THREAD_CONTEXT) or NULL, and
+   * gdrcopy's mappings: the staging headers in GPU memory (GCOMM_GDRCOPY_SYNC_ENABLE), a word read
+   * to flush the network's writes into GPU memory (GCOMM_GDRCOPY_FLUSH_ENABLE) */
+  void* proxyCtx;
+  struct gcommGdr* gdr;
+  int gdrMissing;
+  gpuMapping_t syncMem, flushMem;
+  char* ceSync;                      /* syncMem's GPU address, or NULL: headers in ceHdrs */
+  struct gcommGdrMapping* ceSyncMap; /* syncMem's mapping */
+  volatile uint64_t* flushWord;      /* flushMem as the CPU reads it, or NULL */
 
   /* ranks all on one GPU, run by stream-ordered copies (gcomm_gpu_shared.c), or NULL */
   struct gcommShared* shared;
@@ -92,10 +109,40 @@ gcommResult_t gcommIpcOpenPeers(gcommComm_t comm);
 void gcommIpcFillConns(gcommComm_t comm, gcommDevConn_t* hc, uint64_t* steps);
 /* Closes the peers' regions and frees this rank's (not when d->keepMemory). */
 void gcommIpcClose(gcommComm_t comm);
+/* The address the proxy's copies use for addr, an address of a local region as the kernels use
+ * it: the host view in the owner's shm area when staged, addr itself otherwise. */
+char* gcommIpcHostAddress(gcommComm_t comm, const char* addr);
 
-/* ---- gcomm_gpu_copy.c: copy engines (GCOMM_P2P_USE_CUDA_MEMCPY) ---- */
+/* ---- gcomm_gpu_copy.c: copy engines (GCOMM_P2P_ and GCOMM_SHM_USE_CUDA_MEMCPY) ---- */
+/* Points the kernels' connections to local peers that copy engines serve at their staging or
+ * mirror FIFOs (after gcommIpcFillConns). */
 gcommResult_t gcommGpuCopyConnect(gcommComm_t comm, gcommDevConn_t* hc);
-void gcommGpuCopyFree(struct gcommDev* d);
+void gcommGpuCopyFree(gcommComm_t comm);
+
+/* ---- gcomm_gpu_proxy.c: the proxy's CUDA context and gdrcopy mappings ---- */
+/* What gcommGpuProxyEnter changed on the calling thread. */
+typedef struct {
+  int device;
+  enum cudaStreamCaptureMode mode;
+} gcommProxyCtx_t;
+/* At connect: GCOMM_CREATE_THREAD_CONTEXT=1: d->proxyCtx, a context of its own (NULL where it
+ * cannot be made, said at INFO); a GCOMM_GDRCOPY_FLUSH_ENABLE=1 with nothing to flush said. */
+gcommResult_t gcommGpuProxySetup(gcommComm_t comm);
+/* Around the proxy's CUDA calls on any thread: its context (or comm's GPU) current, relaxed
+ * capture mode; Leave restores the caller's. */
+gcommResult_t gcommGpuProxyEnter(gcommComm_t comm, gcommProxyCtx_t* saved);
+void gcommGpuProxyLeave(gcommComm_t comm, gcommProxyCtx_t saved);
+/* The progress thread's start: the proxy's context made current, 1; 0 when it has none. */
+int gcommGpuProxyBind(gcommComm_t comm);
+/* GCOMM_GDRCOPY_SYNC_ENABLE=1: d->ceSync, bytes of GPU memory for the staging headers mapped
+ * through gdrcopy (left NULL where gdrcopy is absent or fails, said at INFO). */
+void gcommGpuSyncMap(gcommComm_t comm, size_t bytes);
+/* GCOMM_GDRCOPY_FLUSH_ENABLE=1: d->flushWord, a GPU word read through gdrcopy (or NULL). */
+void gcommGpuFlushMap(gcommComm_t comm);
+/* A read of d->flushWord, when mapped: the network's writes into GPU memory before it are done. */
+void gcommGpuFlush(struct gcommDev* d);
+/* Unmaps, frees, destroys the context (after gcommGpuCopyFree, whose streams live in it). */
+void gcommGpuProxyFree(gcommComm_t comm);
 
 /* ---- gcomm_gpu_shared.c: ranks that all share one GPU, without spinning kernels (CUDA) ---- */
 /* Collective: this rank's staging and interprocess event, exchanged and opened by every rank. */
@@ -113,9 +160,10 @@ void gcommGpuProfFree(struct gcommDevProf* p);
 #ifdef GCOMM_OFI
 /* ---- gcomm_gpu_net.c: FIFOs to ranks on other nodes, moved by the network's proxy ---- */
 gcommResult_t gcommGpuNetConnect(gcommComm_t comm, gcommDevConn_t* hc, uint64_t* steps);
-/* Waits for the copies of GPU memory that the provider issued from this thread on the legacy
- * default stream (the network's comm->netFence, before a tail advances over their data). */
-gcommResult_t gcommDeviceNetFence(gcommComm_t comm);
+/* Before a tail advances over receives into GPU memory (the network's comm->netFence): waits
+ * for the copies of GPU memory that the provider issued from this thread on the legacy default
+ * stream (providerCopies), and flushes a GPUDirect RDMA NIC's writes (gdrcopy's read). */
+gcommResult_t gcommDeviceNetFence(gcommComm_t comm, int providerCopies);
 #endif
 
 #endif /* GCOMM_GPU_ENGINE_H */

@@ -26,8 +26,9 @@ static gcommResult_t netSlotsOnGpu(gcommComm_t comm, size_t bytes, int* onGpu, c
   return gcommSuccess;
 }
 
-gcommResult_t gcommDeviceNetFence(gcommComm_t comm) {
-  CUDA_CHECK(comm, -1, cudaStreamSynchronize(NULL)); /* the legacy default stream */
+gcommResult_t gcommDeviceNetFence(gcommComm_t comm, int providerCopies) {
+  if (providerCopies) CUDA_CHECK(comm, -1, cudaStreamSynchronize(NULL)); /* legacy stream */
+  gcommGpuFlush(comm->dev);
   return gcommSuccess;
 }
 
@@ -84,6 +85,10 @@ gcommResult_t gcommGpuNetConnect(gcommComm_t comm, gcommDevConn_t* hc, uint64_t*
       }
     }
   }
+  if (onGpu) gcommGpuFlushMap(comm);
+  if (!onGpu && comm->params.gdrFlush)
+    GCOMM_INFO(GCOMM_SUBSYS_INIT | GCOMM_SUBSYS_NET, comm,
+               "GCOMM_GDRCOPY_FLUSH_ENABLE=1: the network FIFOs are in host memory: no flush");
   if (onGpu)
     GCOMM_INFO(GCOMM_SUBSYS_INIT | GCOMM_SUBSYS_NET, comm,
                "GPU %d: %d remote ranks, %zu network FIFOs: slots in GPU memory registered with "

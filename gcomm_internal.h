@@ -65,6 +65,21 @@ int gcommProcessIsDead(pid_t pid);
 /* "AllReduce", "Broadcast", ... for logs and errors. */
 const char* gcommFuncName(int func);
 
+/* ---- gcomm_gdr.c: gdrcopy's CPU mappings of GPU memory, loaded when present ---- */
+#define GCOMM_GDR_PAGE 65536 /* gdrcopy pins and maps whole GPU pages */
+typedef struct gcommGdr gcommGdr_t;
+typedef struct gcommGdrMapping gcommGdrMapping_t;
+/* Loads library (NULL: libgdrapi.so.2) and opens the driver; NULL with why[] saying why not. */
+gcommGdr_t* gcommGdrOpen(const char* library, char* why, size_t len);
+/* Pins and maps GPU memory [gpuAddr, gpuAddr + bytes), both multiples of GCOMM_GDR_PAGE; NULL
+ * with why[] saying why not. */
+gcommGdrMapping_t* gcommGdrMap(gcommGdr_t* g, uint64_t gpuAddr, size_t bytes, char* why,
+                               size_t len);
+/* The CPU's address of the mapping's first byte (uncached or write-combined: no caching). */
+void* gcommGdrCpu(const gcommGdrMapping_t* m);
+void gcommGdrUnmap(gcommGdr_t* g, gcommGdrMapping_t* m);
+void gcommGdrClose(gcommGdr_t* g);
+
 /* ---- Parameters: one table in gcomm_params.c, read at communicator init ---- */
 typedef struct {
   int algo;              /* GCOMM_ALGO: -1 = cost model, else gcommAlgo_t */
@@ -83,6 +98,13 @@ typedef struct {
   int sharedGpu;         /* GCOMM_SHARED_GPU: GCOMM_SHARED_GPU_AUTO, _KERNELS or _COPY */
   int64_t sharedChunk;   /* GCOMM_SHARED_GPU_CHUNK: bytes of a collective staging slot */
   int sharedCopyBy;      /* GCOMM_SHARED_GPU_COPY: 0 copy engines, 1 a copy kernel (SMs) */
+  int64_t shmMemcpy;     /* GCOMM_SHM_USE_CUDA_MEMCPY */
+  int64_t shmMemcpyMode; /* GCOMM_SHM_MEMCPY_MODE: GCOMM_SHM_COPY_SEND | GCOMM_SHM_COPY_RECV */
+  int64_t shmLocality;   /* GCOMM_SHM_LOCALITY: GCOMM_SHM_AT_SENDER or GCOMM_SHM_AT_RECEIVER */
+  int64_t threadContext; /* GCOMM_CREATE_THREAD_CONTEXT */
+  int64_t gdrSync;       /* GCOMM_GDRCOPY_SYNC_ENABLE */
+  int64_t gdrFlush;      /* GCOMM_GDRCOPY_FLUSH_ENABLE */
+  const char* gdrLib;    /* GCOMM_GDRCOPY_LIBRARY */
   const char* hostId;    /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
   int64_t netDisable;       /* GCOMM_NET_DISABLE */
@@ -100,6 +122,10 @@ typedef struct {
    * defaults that depend on the communicator's shape then stay out of the way */
   int nChannelsChosen, buffSizeChosen;
 } gcommParams_t;
+#define GCOMM_SHM_COPY_SEND 1
+#define GCOMM_SHM_COPY_RECV 2
+#define GCOMM_SHM_AT_SENDER 1
+#define GCOMM_SHM_AT_RECEIVER 2
 /* The parameters a communicator made now without a config would have (defaults, then the
  * environment): for waits that come before any communicator exists (the NCCL layer's rendezvous).
  */
@@ -355,7 +381,7 @@ struct gcommComm {
    * communicator, a wait for the copies of GPU memory the provider issued from this thread. */
   char* (*netDirectTarget)(gcommComm_t comm, gcommConn_t* c, uint64_t s, size_t* bytes,
                            uint64_t* queuedUntil);
-  gcommResult_t (*netFence)(gcommComm_t comm);
+  gcommResult_t (*netFence)(gcommComm_t comm, int providerCopies);
 #endif
 
   /* progress engine */
@@ -372,6 +398,7 @@ struct gcommComm {
   int threadStarted, stopThread;
   uint64_t passes, dumpSeen;
   uint64_t opsPosted; /* atomic: operations handed to the engine */
+  uint64_t opsGpu;    /* atomic: GPU operations launched (the progress thread's CPU report) */
   uint64_t opsDone;   /* atomic: operations the engine finished */
   pthread_mutex_t doneLock;
   pthread_cond_t doneCond;

@@ -97,6 +97,27 @@ static const gcommParamDef_t paramTable[] = {
      "0: a small GPU launch never starts before the previous one on its stream has finished",
      LOCAL},
 #endif
+    /* the proxy's GPU knobs: in every build, so that host tests see their parsing and agreement;
+     * a host communicator ignores them */
+    {"GCOMM_SHM_USE_CUDA_MEMCPY", "0", PARAM_INT, PARAM_AT(shmMemcpy), NULL, 0, 1,
+     "1: GPU FIFOs staged in host memory are filled and drained by copy engines, not kernels",
+     SHARED},
+    {"GCOMM_SHM_MEMCPY_MODE", "3", PARAM_INT, PARAM_AT(shmMemcpyMode), NULL, 1, 3,
+     "with GCOMM_SHM_USE_CUDA_MEMCPY=1, whose copies: 1 the sender's, 2 the receiver's, 3 both",
+     SHARED},
+    {"GCOMM_SHM_LOCALITY", "2", PARAM_INT, PARAM_AT(shmLocality), NULL, 1, 2,
+     "staged GPU FIFOs: 1 in the sender's shm segment (its NUMA node), 2 in the receiver's",
+     SHARED},
+    {"GCOMM_CREATE_THREAD_CONTEXT", "0", PARAM_INT, PARAM_AT(threadContext), NULL, 0, 1,
+     "1: the proxy's CUDA work runs in a context of its own, not the GPU's primary context", LOCAL},
+    {"GCOMM_GDRCOPY_SYNC_ENABLE", "0", PARAM_INT, PARAM_AT(gdrSync), NULL, 0, 1,
+     "with gdrcopy: the proxy reads the copy engines' staging words in GPU memory by a CPU mapping",
+     LOCAL},
+    {"GCOMM_GDRCOPY_FLUSH_ENABLE", "0", PARAM_INT, PARAM_AT(gdrFlush), NULL, 0, 1,
+     "with gdrcopy: a PCIe read of GPU memory flushes network writes into it (GCOMM_NET_GDR)",
+     LOCAL},
+    {"GCOMM_GDRCOPY_LIBRARY", "libgdrapi.so.2", PARAM_STR, PARAM_AT(gdrLib), NULL, 0, 0,
+     "the gdrcopy library dlopen loads for the GCOMM_GDRCOPY_* knobs (a name or a path)", LOCAL},
 #ifdef GCOMM_OFI
     {"GCOMM_NET_DISABLE", "0", PARAM_INT, PARAM_AT(netDisable), NULL, 0, 1,
      "1: refuse ranks on other nodes instead of using the network (OFI=1 builds)", SHARED},

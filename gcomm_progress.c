@@ -267,6 +267,23 @@ static uint64_t hostBackoff(uint64_t* idleSince, int mayNap) {
   return gcommBackoff(idleSince, 5, mayNap ? 1000 : 0);
 }
 
+/* At the thread's end, GCOMM_DEBUG=INFO (PROXY): the CPU it used over the communicator's life,
+ * in all and per operation posted or launched, what the proxy knobs (GCOMM_PROGRESS_APPENDOP_FREQ,
+ * GCOMM_PROXY_APPEND_BATCH_SIZE, copy engines, ...) trade against latency. */
+static void reportThreadCpu(gcommComm_t comm) {
+  struct timespec cpu;
+  if (!gcommLogEnabled(GCOMM_LOG_INFO, GCOMM_SUBSYS_PROXY) ||
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) != 0)
+    return;
+  double us = cpu.tv_sec * 1e6 + cpu.tv_nsec / 1e3;
+  unsigned long long ops = __atomic_load_n(&comm->opsPosted, __ATOMIC_RELAXED) +
+                           __atomic_load_n(&comm->opsGpu, __ATOMIC_RELAXED);
+  GCOMM_INFO(GCOMM_SUBSYS_PROXY, comm,
+             "progress thread CPU time: %.0f us over %llu operations, %.2f us an operation "
+             "(%llu passes)",
+             us, ops, ops ? us / (double)ops : 0.0, (unsigned long long)comm->passes);
+}
+
 static void* progressThread(void* arg) {
   gcommComm_t comm = (gcommComm_t)arg;
   uint64_t idleSince = 0;
@@ -325,6 +342,7 @@ static void* progressThread(void* arg) {
     }
     pthread_mutex_lock(&comm->progressLock);
   }
+  reportThreadCpu(comm); /* under progressLock: passes */
   pthread_mutex_unlock(&comm->progressLock);
   return NULL;
 }

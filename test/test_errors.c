@@ -706,6 +706,9 @@ int main(int argc, char** argv) {
   testDestroyInGroup();
   testDisagree("GCOMM_ALGO", "ring", "tree");
   testDisagree("GCOMM_PROTO", "simple", "ll");
+  testDisagree("GCOMM_SHM_USE_CUDA_MEMCPY", "0", "1");
+  testDisagree("GCOMM_SHM_MEMCPY_MODE", "1", "3");
+  testDisagree("GCOMM_SHM_LOCALITY", "2", "1");
   testDumpSignal("11", SIGSEGV);
   testDumpSignal("2", SIGINT);
   return tlFinish("test_errors");

@@ -57,7 +57,8 @@
  * advances a tail; and as the receiver's copy may still read the sender's slot when the send
  * completes (shm returns the command once the copy is issued), the sender frees a slot only once
  * the receiver's credit shows it drained that step (sendHead). An RDMA NIC writing the GPU's memory
- * (GPUDirect RDMA: verbs, efa) would need a flush of its writes before tail advances, not done yet.
+ * (GPUDirect RDMA: verbs, efa) has its writes flushed by the same fence when gdrcopy is there
+ * (GCOMM_GDRCOPY_FLUSH_ENABLE=1: a CPU read of GPU memory through its mapping), not otherwise.
  * Host communicators never ask for FI_HMEM.
  *
  * Everything here runs on the progress engine (under comm->progressLock): the CQ is read only by
@@ -845,14 +846,14 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
     if (n < 0)
       return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_cq_read: %s", fi_strerror((int)-n));
 #ifdef GCOMM_GPU
-    /* received into GPU memory by copies that may still run (providerCallsCuda): done before
-     * any tail advances */
+    /* received into GPU memory by copies that may still run (providerCallsCuda) or by a NIC
+     * whose writes may still be in flight: done before any tail advances */
     int gpuRecv = 0;
-    for (ssize_t k = 0; k < n && net->hmemCopies && !gpuRecv; k++) {
+    for (ssize_t k = 0; k < n && net->hmem && !gpuRecv; k++) {
       netReq_t* req = (netReq_t*)ent[k].op_context;
       gpuRecv = !req->isCredit && !req->nc->isSend;
     }
-    if (gpuRecv) GCOMM_CHECK(comm->netFence(comm));
+    if (gpuRecv) GCOMM_CHECK(comm->netFence(comm, net->hmemCopies));
 #endif
     for (ssize_t k = 0; k < n; k++) {
       netReq_t* req = (netReq_t*)ent[k].op_context;

@@ -12,6 +12,8 @@
  * (transports/shm.c), which every process of the node maps anyway; each registers every local
  * region with cudaHostRegister (mapped, portable) and gives its kernels the device addresses. The
  * kernels are the same: system-scope release/acquire and L1-bypassing loads hold over PCIe too.
+ * GCOMM_SHM_LOCALITY=1 moves each staged FIFO into its sender's region (gcommIpcFillConns), and
+ * GCOMM_SHM_USE_CUDA_MEMCPY=1 has copy engines fill or drain staged FIFOs (gcomm_gpu_copy.c).
  * A rank's step counters, which no other rank reads, stay in its GPU's memory either way. After
  * init no MPI is used but destroy's barrier: kernels talk through the FIFOs alone.
  */
@@ -109,6 +111,16 @@ gcommResult_t gcommDevicePlaceFifos(gcommComm_t comm, uint64_t hostId, size_t* s
   d->regionBytes = d->headOff + (size_t)GCOMM_DEV_HEAD_BYTES * comm->nLocal * comm->nLanes;
   if (staged) {
     *shmBytes = d->regionBytes;
+    GCOMM_INFO(GCOMM_SUBSYS_INIT | GCOMM_SUBSYS_SHM, comm,
+               "GCOMM_SHM_LOCALITY=%d: each staged GPU FIFO lies in its %s's shm segment (pages "
+               "on that rank's NUMA node); GCOMM_SHM_USE_CUDA_MEMCPY=%d%s",
+               (int)comm->params.shmLocality,
+               comm->params.shmLocality == GCOMM_SHM_AT_SENDER ? "sender" : "receiver",
+               (int)comm->params.shmMemcpy,
+               !comm->params.shmMemcpy           ? ": the kernels read and write them over PCIe"
+               : comm->params.shmMemcpyMode == 1 ? ", mode 1: copy engines fill them"
+               : comm->params.shmMemcpyMode == 2 ? ", mode 2: copy engines drain them"
+                                                 : ", mode 3: copy engines fill and drain them");
     if (noPeer >= 0)
       GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
                  "GPU %d cannot access GPU %d of rank %d as a peer: GPU FIFOs are staged through "
@@ -186,9 +198,18 @@ gcommResult_t gcommIpcOpenPeers(gcommComm_t comm) {
   return gcommSuccess;
 }
 
+/* Which region holds the FIFOs: the receiver's (its FIFO [sender][lane]), or when staged with
+ * GCOMM_SHM_LOCALITY=1 the sender's (its FIFO [receiver][lane]), whose shm segment the sender
+ * allocated (posix_fallocate: pages on its NUMA node when it runs there). Heads stay in the
+ * sender's region, where it polls them. */
+static int fifosAtSender(gcommComm_t comm) {
+  return comm->dev->staged && comm->params.shmLocality == GCOMM_SHM_AT_SENDER;
+}
+
 void gcommIpcFillConns(gcommComm_t comm, gcommDevConn_t* hc, uint64_t* steps) {
   struct gcommDev* d = comm->dev;
   int me = comm->rank, n = comm->nranks, myIdx = gcommLocalIndex(comm, me);
+  int atSender = fifosAtSender(comm);
   size_t nc = (size_t)comm->nLanes * n;
   for (int p = 0; p < n; p++) {
     if (comm->cards[p].hostId != comm->cards[me].hostId) continue;
@@ -196,8 +217,10 @@ void gcommIpcFillConns(gcommComm_t comm, gcommDevConn_t* hc, uint64_t* steps) {
     int pIdx = gcommLocalIndex(comm, p);
     for (int lane = 0; lane < comm->nLanes; lane++) {
       size_t i = (size_t)lane * n + p;
-      /* send to p: p's FIFO [me][lane], head in my region [p][lane] */
-      char* f = peer + ((size_t)myIdx * comm->nLanes + lane) * d->fifoBytes;
+      /* send to p: FIFO [me][lane] of p's region (or [p][lane] of mine), head in my region
+       * [p][lane] */
+      char* f = atSender ? d->region + ((size_t)pIdx * comm->nLanes + lane) * d->fifoBytes
+                         : peer + ((size_t)myIdx * comm->nLanes + lane) * d->fifoBytes;
       hc[i].tail = (volatile uint64_t*)f;
       hc[i].bytes = (volatile uint64_t*)(f + 64);
       hc[i].slots = f + GCOMM_DEV_FIFO_HDR;
@@ -206,8 +229,10 @@ void gcommIpcFillConns(gcommComm_t comm, gcommDevConn_t* hc, uint64_t* steps) {
           (volatile uint64_t*)(d->region + d->headOff +
                                ((size_t)pIdx * comm->nLanes + lane) * GCOMM_DEV_HEAD_BYTES);
       hc[i].step = steps + i;
-      /* receive from p: my FIFO [p][lane], head in p's region [me][lane] */
-      f = d->region + ((size_t)pIdx * comm->nLanes + lane) * d->fifoBytes;
+      /* receive from p: FIFO [p][lane] of my region (or [me][lane] of p's), head in p's region
+       * [me][lane] */
+      f = atSender ? peer + ((size_t)myIdx * comm->nLanes + lane) * d->fifoBytes
+                   : d->region + ((size_t)pIdx * comm->nLanes + lane) * d->fifoBytes;
       hc[nc + i].tail = (volatile uint64_t*)f;
       hc[nc + i].bytes = (volatile uint64_t*)(f + 64);
       hc[nc + i].slots = f + GCOMM_DEV_FIFO_HDR;
@@ -218,6 +243,16 @@ void gcommIpcFillConns(gcommComm_t comm, gcommDevConn_t* hc, uint64_t* steps) {
       hc[nc + i].step = steps + nc + i;
     }
   }
+}
+
+char* gcommIpcHostAddress(gcommComm_t comm, const char* addr) {
+  struct gcommDev* d = comm->dev;
+  for (int p = 0; d->staged && p < comm->nranks; p++) {
+    const char* region = p == comm->rank ? d->region : d->peerRegion[p];
+    if (region != NULL && addr >= region && addr < region + d->regionBytes)
+      return (char*)gcommShmArea(comm, p) + (addr - region);
+  }
+  return (char*)addr;
 }
 
 void gcommIpcClose(gcommComm_t comm) {

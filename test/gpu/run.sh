@@ -5,9 +5,9 @@
 # engines, the network. Logs go to $OUT (or ./gpu-logs).
 # Usage (from the repository root): bash test/gpu/run.sh
 # STAGES picks parts (default: all but knobs, channels and algos): build test perf sweep knobs
-# channels algos large quick mps shared profiler sanitizer host p2pdisable ce net hmem.
+# channels algos large quick mps shared profiler sanitizer host p2pdisable ce shmce net hmem.
 # One device call may run 10 minutes: split the stages over two calls when all do not fit.
-STAGES=${STAGES:-"build test perf sweep large quick mps shared profiler sanitizer host p2pdisable ce net hmem"}
+STAGES=${STAGES:-"build test perf sweep large quick mps shared profiler sanitizer host p2pdisable ce shmce net hmem"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 B=${BUILD:-build-gpu}
@@ -179,6 +179,41 @@ if want ce; then
   step ce_perf 240 $RUN 2 $CEENV $B/gcomm_perf $CEPERF
   unset GCOMM_P2P_USE_CUDA_MEMCPY
   step ce_perf_sm 240 $RUN 2 $B/gcomm_perf $CEPERF
+fi
+# the proxy's knobs on FIFOs staged through host memory (GCOMM_P2P_DISABLE=1): SM loads and stores
+# with the FIFOs in the sender's segment (GCOMM_SHM_LOCALITY=1; the receiver's is the p2pdisable
+# stage), copy engines (GCOMM_SHM_USE_CUDA_MEMCPY=1) filling them (mode 1), draining them (2) or
+# both (3) with either locality, the last with the proxy in its own context and gdrcopy asked for
+# (absent here: its INFO line and the fallback); and copy engines on IPC FIFOs in the proxy's own
+# context. Correctness at 2 ranks on 2 GPUs (when there are 2) and 2 ranks on 1 GPU; the INFO lines
+# show that each choice was taken.
+if want shmce; then
+  SHMENV=""; [ "$MPICC" = mpicc ] && SHMENV="-x GCOMM_P2P_DISABLE -x GCOMM_P2P_USE_CUDA_MEMCPY -x GCOMM_SHM_USE_CUDA_MEMCPY -x GCOMM_SHM_MEMCPY_MODE -x GCOMM_SHM_LOCALITY -x GCOMM_CREATE_THREAD_CONTEXT -x GCOMM_GDRCOPY_SYNC_ENABLE -x GCOMM_DEBUG_SUBSYS"
+  SHMG=$((NG > 1 ? 2 : 1))
+  # name: GCOMM_P2P_DISABLE GCOMM_SHM_USE_CUDA_MEMCPY GCOMM_SHM_MEMCPY_MODE GCOMM_SHM_LOCALITY
+  #       GCOMM_CREATE_THREAD_CONTEXT GCOMM_GDRCOPY_SYNC_ENABLE GCOMM_P2P_USE_CUDA_MEMCPY
+  for cfg in "sm_loc1 1 0 3 1 0 0 0" "ce1_loc2 1 1 1 2 0 0 0" "ce2_loc1 1 1 2 1 0 0 0" \
+             "ce3_loc2 1 1 3 2 0 0 0" "ce3_loc1_ctx_gdr 1 1 3 1 1 1 0"; do
+    set -- $cfg
+    for g in $(printf '%s\n' $SHMG 1 | sort -u); do
+      GCOMM_P2P_DISABLE=$2 GCOMM_SHM_USE_CUDA_MEMCPY=$3 GCOMM_SHM_MEMCPY_MODE=$4 GCOMM_SHM_LOCALITY=$5 \
+        GCOMM_CREATE_THREAD_CONTEXT=$6 GCOMM_GDRCOPY_SYNC_ENABLE=$7 GCOMM_P2P_USE_CUDA_MEMCPY=$8 \
+        GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=INIT TEST_NGPUS=$g \
+        step shm_$1_2r${g}g 200 $RUN 2 $SHMENV $B/test/gpu/test_gpu --quick
+    done
+  done
+  GCOMM_P2P_USE_CUDA_MEMCPY=1 GCOMM_CREATE_THREAD_CONTEXT=1 GCOMM_DEBUG=INFO GCOMM_DEBUG_SUBSYS=INIT \
+    step ipc_ce_ctx_2r${SHMG}g 200 $RUN 2 $SHMENV $B/test/gpu/test_gpu --quick
+  # name of the logs, INFO text each rank of them must print at least once
+  for check in "shm_ce*:through copy engines (GCOMM_SHM_USE_CUDA_MEMCPY=1" \
+               "shm_*loc1*:lies in its sender's shm segment" \
+               "shm_ce1*:sends to local ranks through copy engines" \
+               "shm_ce2*:receives from local ranks through copy engines" \
+               "*ctx*:runs in a context of its own" "*gdr*:no gdrcopy"; do
+    logs=$(ls $OUT/${check%%:*}.log 2>/dev/null); want=$((2 * $(echo "$logs" | wc -w)))
+    n=0; for l in $logs; do n=$((n + $(grep -F "${check#*:}" "$l" | grep -oE '\[[0-9]+\]' | sort -u | wc -l))); done
+    echo "=== shmce_info '${check#*:}': $n of $want ranks in ${check%%:*} $([ "$n" -ge "$want" ] && [ "$want" -gt 0 ] && echo ok || echo FAILED)" | tee -a "$OUT/summary.log"
+  done
 fi
 # GPU communicators across 2 pretend nodes (GCOMM_HOSTID from the MPI rank, as test/test_net.sh):
 # device buffers staged through pinned host FIFOs and libfabric's tcp provider on loopback; built
