@@ -156,11 +156,11 @@ typedef struct {
 } netStopPeer_t;
 
 typedef struct {
-  netStopMsg_t out;       /* this rank's stop */
-  int told;               /* out is filled: it goes to every remote rank */
-  int inFlight;           /* sends posted and not complete */
-  int recvsLeft;          /* remote ranks whose stop receive is not posted yet */
-  netStopPeer_t peers[];  /* [rank] (remote ranks only) */
+  netStopMsg_t out;      /* this rank's stop */
+  int told;              /* out is filled: it goes to every remote rank */
+  int inFlight;          /* sends posted and not complete */
+  int recvsLeft;         /* remote ranks whose stop receive is not posted yet */
+  netStopPeer_t peers[]; /* [rank] (remote ranks only) */
 } netStops_t;
 
 /* Memory registered once for the FIFO slots placed inside it (gcommNetRegister). */
@@ -193,7 +193,7 @@ struct gcommNet {
   uint64_t* credits; /* [peer * nLanes + lane]: the credit receive of each sending connection */
   struct fid_mr* creditMr;
   void* creditDesc;
-  fi_addr_t* addrs; /* [rank * nEps + endpoint] */
+  fi_addr_t* addrs;  /* [rank * nEps + endpoint] */
   netStops_t* stops; /* registered whole */
   struct fid_mr* stopMr;
   void* stopDesc;
