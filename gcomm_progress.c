@@ -98,6 +98,7 @@ void gcommDrainAll(gcommComm_t comm) {
  * it stop too, naming it: the ranks of this node through its status page (gcommStatus_t), those
  * of other nodes through the network (its stop hook sends comm->stopMsg). The first word stays. */
 void gcommPublishStop(gcommComm_t comm, gcommResult_t res, const char* why) {
+  gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
   pthread_mutex_lock(&comm->errorLock);
   if (comm->stopCode == 0) {
     const char* msg = why ? why : comm->lastError;
@@ -106,11 +107,11 @@ void gcommPublishStop(gcommComm_t comm, gcommResult_t res, const char* why) {
     comm->stopMsg[len] = 0;
     __atomic_store_n(&comm->stopCode, (int)res, __ATOMIC_RELEASE);
   }
+  if (st != NULL && __atomic_load_n(&st->code, __ATOMIC_ACQUIRE) == 0) {
+    memcpy(st->msg, comm->stopMsg, sizeof(st->msg));
+    __atomic_store_n(&st->code, comm->stopCode, __ATOMIC_RELEASE);
+  }
   pthread_mutex_unlock(&comm->errorLock);
-  gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
-  if (st == NULL || __atomic_load_n(&st->code, __ATOMIC_ACQUIRE) != 0) return;
-  memcpy(st->msg, comm->stopMsg, sizeof(st->msg));
-  __atomic_store_n(&st->code, comm->stopCode, __ATOMIC_RELEASE);
 }
 
 void gcommSetAsyncError(gcommComm_t comm, gcommResult_t res) {
