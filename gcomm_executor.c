@@ -191,18 +191,31 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
 }
 
 /* A local peer that no longer exists will never fill or drain its FIFOs. Only a process of this
- * very machine can be probed (GCOMM_HOSTID nodes may share one): compare real host names. */
+ * node can be probed: a rank of another node is known dead from what the ranks of its node tell
+ * (their stop, over the network). Pretend nodes (GCOMM_HOSTID) of one machine probe only their
+ * own ranks too, as real nodes do, and the real host names must match. */
 static int peerIsDead(gcommComm_t comm, int peer) {
-  if (strcmp(comm->cards[peer].host, comm->cards[comm->rank].host) != 0) return 0;
+  if (comm->cards[peer].hostId != comm->cards[comm->rank].hostId ||
+      strcmp(comm->cards[peer].host, comm->cards[comm->rank].host) != 0)
+    return 0;
   return gcommProcessIsDead(comm->cards[peer].pid);
 }
 
-/* What a blocked work probes in local rank q, in this order over every rank (the cause first):
+/* Rank q's status as a transport knows it: its status page (a rank of this node), or the stop it
+ * sent over the network (a rank of another node), or NULL. */
+static gcommStatus_t* rankStatus(gcommComm_t comm, int q) {
+  gcommStatus_t* st = NULL;
+  for (int i = 0; i < comm->nTransports && st == NULL; i++)
+    if (comm->transports[i]->status) st = comm->transports[i]->status(comm, q);
+  return st;
+}
+
+/* What a blocked work probes in rank q, in this order over every rank (the cause first):
  * its death; a different call at the same sequence number (its status page: e.g. another root,
  * where no data flows, so no slot word can tell); the error that stopped it. */
 enum { PROBE_DEATH, PROBE_CALL, PROBE_STOP, PROBE_PHASES };
 
-/* Whether local rank q can still serve w, by one phase of probes. Fails w naming q. */
+/* Whether rank q can still serve w, by one phase of probes. Fails w naming q. */
 static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, uint64_t waitedMs,
                                int phase) {
   const gcommOp_t* op = w->op;
@@ -214,7 +227,7 @@ static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, ui
     return peerIsDead(comm, q)
                ? gcommSetError(comm, gcommRemoteError, q, "progress", "%s: rank %d has died", at, q)
                : gcommSuccess;
-  gcommStatus_t* st = gcommShmStatus(comm, q);
+  gcommStatus_t* st = rankStatus(comm, q);
   if (st == NULL) return gcommSuccess;
   int isColl = !gcommIsPointToPoint(op->func);
   if (phase == PROBE_CALL) {
@@ -248,7 +261,7 @@ static void noteCurrent(gcommComm_t comm, const gcommWork_t* w) {
                    __ATOMIC_RELEASE);
 }
 
-/* Notes that w cannot move: fails it when a local rank died or stopped, the ranks' calls differ,
+/* Notes that w cannot move: fails it when a rank died or stopped, the ranks' calls differ,
  * or the deadline passed. */
 static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int isRecv) {
   uint64_t now = gcommNowNs();
@@ -265,8 +278,9 @@ static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int
   const gcommOp_t* op = w->op;
   /* A dead or stopped rank never fills or drains its FIFOs, and the ranks behind it stop when
    * they notice, so the awaited peer may be alive but stuck: after 100 ms of waiting, probe every
-   * local rank every 50 ms: deaths first (the cause), then different calls, then stops, the
-   * awaited peer first. Survivors name the rank long before the deadline. */
+   * rank every 50 ms (the pids of this node, the status pages of this node, the stops other
+   * nodes sent): deaths first (the cause), then different calls, then stops, the awaited peer
+   * first. Survivors name the rank long before the deadline. */
   if (waitedMs >= 100 && now - comm->livenessNs >= 50000000) {
     comm->livenessNs = now;
     for (int phase = 0; phase < PROBE_PHASES; phase++)

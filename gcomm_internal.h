@@ -303,6 +303,33 @@ void* gcommProfNetStart(gcommComm_t comm, int peer, int channel, uint64_t step, 
                         int isSend);
 void gcommProfStop(gcommComm_t comm, void* handle);
 
+/* What a rank tells the other ranks, so that a peer blocked on it fails fast and names it: the
+ * error that stopped it, and the collective each collective channel is in (a rank at the same
+ * sequence number in a different call is a mismatch even when no data can flow, e.g. two ranks
+ * that both think they are the root). Ranks of one node read it in each other's shared-memory
+ * segment; a rank on another node sends its stop (code and msg) over the network. */
+#define GCOMM_STATUS_LANES GCOMM_MAX_CHANNELS /* one per collective channel */
+/* Ranks that share a GPU without MPS (gcomm_gpu_shared.c): how far a rank's staging chunks are
+ * published and how far it has read its peers'. Channel 0 carries collectives (read by every rank
+ * that needs the chunk), channel 1 + r the sends to rank r; each has GCOMM_SHARED_SLOTS slots. */
+#define GCOMM_SHARED_MAX_RANKS 16
+#define GCOMM_SHARED_SLOTS 2
+typedef struct {
+  volatile uint64_t published[1 + GCOMM_SHARED_MAX_RANKS]; /* chunks published, per channel */
+  volatile uint64_t readColl[GCOMM_SHARED_MAX_RANKS]; /* [r]: 1 + the last chunk of r's channel 0
+                                                         this rank read */
+  volatile uint64_t readP2p[GCOMM_SHARED_MAX_RANKS];  /* [r]: chunks of r's channel to this rank
+                                                         read */
+  volatile uint32_t tag[1 + GCOMM_SHARED_MAX_RANKS][GCOMM_SHARED_SLOTS]; /* each slot's call */
+} gcommSharedFlags_t;
+typedef struct {
+  volatile int code;     /* 0, or the gcommResult_t that stopped the rank (written after msg) */
+  volatile int finished; /* the rank destroyed the communicator after all its work succeeded */
+  char msg[504];
+  volatile uint64_t current[GCOMM_STATUS_LANES]; /* (seq + 1) << 32 | tag, 0: none yet */
+  gcommSharedFlags_t shared; /* in a node only: the network carries code and msg */
+} gcommStatus_t;
+
 /* ---- Transports ----
  * What the core asks of a transport (shm, the network, the GPU's FIFOs), each filling one
  * gcommTransport_t; the core keeps the build's transports in comm->transports and loops over
@@ -325,8 +352,12 @@ typedef struct {
   /* Whether the engine must keep polling rather than nap: a provider that moves only when polled,
    * or GPU kernels waiting on FIFOs the proxy moves. */
   int (*mustPoll)(gcommComm_t comm);
-  /* The communicator stopped (an error, an abort): whatever waits on its proxy stops waiting. */
+  /* The communicator stopped (an error, an abort): whatever waits on its proxy stops waiting,
+   * and the ranks it reaches learn why (comm->stopCode, comm->stopMsg). */
   void (*stop)(gcommComm_t comm);
+  /* What it knows of rank's status (the executor's probes read it), or NULL: rank is not
+   * reached through it. */
+  gcommStatus_t* (*status)(gcommComm_t comm, int rank);
   /* The progress thread starts: what its calls need (the GPU's device current there). */
   void (*threadStart)(gcommComm_t comm);
   /* Teardown, in two rounds over every transport: close (in order: after it, nothing lands in
@@ -409,6 +440,10 @@ struct gcommComm {
   int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
   uint64_t collSeq;
   uint64_t livenessNs; /* when the engine last probed the local ranks' pids */
+  /* why this rank stopped, as gcommPublishStop tells the other ranks (code atomic, 0 until then,
+   * written after msg; the first stays) */
+  int stopCode;
+  char stopMsg[sizeof(((gcommStatus_t*)0)->msg)];
 
   /* the thread that created the communicator, the only one that may enqueue on it (gcomm.h),
    * and its last enqueued call (atomic), for the message that names a second thread */
@@ -431,32 +466,6 @@ struct gcommComm {
   /* the profiler plugin (all zero without one) */
   gcommProf_t prof;
 };
-
-/* What a rank tells the other ranks of its node, in its shared-memory segment, so that a peer
- * blocked on it fails fast and names it: the error that stopped it, and the collective each
- * collective channel is in (a rank at the same sequence number in a different call is a
- * mismatch even when no data can flow, e.g. two ranks that both think they are the root). */
-#define GCOMM_STATUS_LANES GCOMM_MAX_CHANNELS /* one per collective channel */
-/* Ranks that share a GPU without MPS (gcomm_gpu_shared.c): how far a rank's staging chunks are
- * published and how far it has read its peers'. Channel 0 carries collectives (read by every rank
- * that needs the chunk), channel 1 + r the sends to rank r; each has GCOMM_SHARED_SLOTS slots. */
-#define GCOMM_SHARED_MAX_RANKS 16
-#define GCOMM_SHARED_SLOTS 2
-typedef struct {
-  volatile uint64_t published[1 + GCOMM_SHARED_MAX_RANKS]; /* chunks published, per channel */
-  volatile uint64_t readColl[GCOMM_SHARED_MAX_RANKS]; /* [r]: 1 + the last chunk of r's channel 0
-                                                         this rank read */
-  volatile uint64_t readP2p[GCOMM_SHARED_MAX_RANKS];  /* [r]: chunks of r's channel to this rank
-                                                         read */
-  volatile uint32_t tag[1 + GCOMM_SHARED_MAX_RANKS][GCOMM_SHARED_SLOTS]; /* each slot's call */
-} gcommSharedFlags_t;
-typedef struct {
-  volatile int code;     /* 0, or the gcommResult_t that stopped the rank (written after msg) */
-  volatile int finished; /* the rank destroyed the communicator after all its work succeeded */
-  char msg[504];
-  volatile uint64_t current[GCOMM_STATUS_LANES]; /* (seq + 1) << 32 | tag, 0: none yet */
-  gcommSharedFlags_t shared;
-} gcommStatus_t;
 
 /* ---- Shared-memory transport (transports/shm.c) ---- */
 /* Creates this rank's segment: the FIFOs every local rank (itself included) sends to it on every

@@ -94,18 +94,24 @@ void gcommDrainAll(gcommComm_t comm) {
   }
 }
 
-/* Tells the ranks of this node that this rank's communicator stopped, and why (gcommStatus_t),
- * so that those blocked on it stop too, naming it. The first word stays. */
+/* Tells the other ranks that this rank's communicator stopped, and why, so that those blocked on
+ * it stop too, naming it: the ranks of this node through its status page (gcommStatus_t), those
+ * of other nodes through the network (its stop hook sends comm->stopMsg). The first word stays. */
 void gcommPublishStop(gcommComm_t comm, gcommResult_t res, const char* why) {
   gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
-  if (st == NULL || __atomic_load_n(&st->code, __ATOMIC_ACQUIRE) != 0) return;
   pthread_mutex_lock(&comm->errorLock);
-  const char* msg = why ? why : comm->lastError;
-  size_t len = strnlen(msg, sizeof(st->msg) - 1);
-  memcpy(st->msg, msg, len);
-  st->msg[len] = 0;
+  if (comm->stopCode == 0) {
+    const char* msg = why ? why : comm->lastError;
+    size_t len = strnlen(msg, sizeof(comm->stopMsg) - 1);
+    memcpy(comm->stopMsg, msg, len);
+    comm->stopMsg[len] = 0;
+    __atomic_store_n(&comm->stopCode, (int)res, __ATOMIC_RELEASE);
+  }
+  if (st != NULL && __atomic_load_n(&st->code, __ATOMIC_ACQUIRE) == 0) {
+    memcpy(st->msg, comm->stopMsg, sizeof(st->msg));
+    __atomic_store_n(&st->code, comm->stopCode, __ATOMIC_RELEASE);
+  }
   pthread_mutex_unlock(&comm->errorLock);
-  __atomic_store_n(&st->code, (int)res, __ATOMIC_RELEASE);
 }
 
 void gcommSetAsyncError(gcommComm_t comm, gcommResult_t res) {
@@ -162,13 +168,19 @@ static void dumpState(gcommComm_t comm, const char* why) {
   }
 }
 
-/* After an error or an abort: every operation finishes as failed, and each transport stops
- * whatever waits on its proxy. Returns whether anything was still active. */
+/* Each transport stops whatever waits on its proxy and tells the ranks it reaches why this rank
+ * stopped. Run by the pass that found the error too: in poll mode nobody may run another. */
+static void stopTransports(gcommComm_t comm) {
+  for (int i = 0; i < comm->nTransports; i++)
+    if (comm->transports[i]->stop) comm->transports[i]->stop(comm);
+}
+
+/* After an error or an abort: every operation finishes as failed, and the transports stop.
+ * Returns whether anything was still active. */
 static int stopPass(gcommComm_t comm) {
   int moved = comm->nActiveWorks > 0 || __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE);
   gcommDrainAll(comm);
-  for (int i = 0; i < comm->nTransports; i++)
-    if (comm->transports[i]->stop) comm->transports[i]->stop(comm);
+  stopTransports(comm);
   return moved;
 }
 
@@ -183,6 +195,7 @@ static void workFailed(gcommComm_t comm, gcommResult_t res) {
   for (int i = 0; i < comm->nTransports && res == gcommInvalidUsage; i++)
     if (comm->transports[i]->progress) (void)comm->transports[i]->progress(comm, &posted);
   gcommDrainAll(comm);
+  stopTransports(comm);
 }
 
 /* Every queue's head work runs its ready steps; a finished work makes way for the next. Returns
@@ -231,8 +244,9 @@ int gcommProgressPass(gcommComm_t comm) {
     const gcommTransport_t* t = comm->transports[i];
     gcommResult_t res = t->progress ? t->progress(comm, &moved) : gcommSuccess;
     if (res != gcommSuccess) {
-      gcommSetAsyncError(comm, res); /* the next pass stops the rest (stopPass) */
+      gcommSetAsyncError(comm, res); /* the next pass, if any, stops the rest (stopPass) */
       gcommDrainAll(comm);
+      stopTransports(comm);
       return 1;
     }
   }

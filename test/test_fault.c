@@ -19,8 +19,9 @@
  * hang      TEST_FAULT_HANG=k (test/test_fault.sh): six all-reduces, rank k skips the fourth;
  *           each rank writes its pid to TEST_FAULT_DIR/pid.R, then waits (the others time out).
  * TEST_FAULT_NET=1 (test/test_net.sh, ranks on pretend nodes): the cases found through the slot
- * words only. Mismatched roots (no data flows) and a destroyed peer are found through the status
- * page that ranks of one node share, so across nodes they end at the deadline: not run there.
+ * words, and by ranks of other nodes through the stop the detecting rank sends over the network.
+ * Mismatched roots (no data flows) and a destroyed peer are found through the status page that
+ * ranks of one node share, so across nodes they end at the deadline: not run there.
  */
 #include <errno.h>
 #include <signal.h>

@@ -28,6 +28,20 @@ static double now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Waits (at most maxS seconds) until dir holds the files <prefix>R of `want` ranks R < n. */
+static void awaitFiles(const char* dir, const char* prefix, int n, int want, double maxS) {
+  char path[512];
+  for (double t = now(); now() - t < maxS;) {
+    int seen = 0;
+    for (int r = 0; r < n; r++) {
+      snprintf(path, sizeof(path), "%s/%s%d", dir, prefix, r);
+      seen += access(path, F_OK) == 0;
+    }
+    if (seen >= want) return;
+    usleep(10000);
+  }
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   /* hydra with -disable-auto-cleanup tells the survivors of a dead rank with SIGUSR1, whose
@@ -114,15 +128,7 @@ int main(int argc, char** argv) {
     snprintf(path, sizeof(path), "%s/seen%d", dir, rank);
     FILE* f = fopen(path, "w");
     if (f) fprintf(f, "%d\n", (int)getpid()), fclose(f);
-    for (double t = now(); now() - t < timeoutS + 5;) {
-      int seen = 0;
-      for (int r = 0; r < n; r++) {
-        snprintf(path, sizeof(path), "%s/seen%d", dir, r);
-        seen += access(path, F_OK) == 0;
-      }
-      if (seen >= n - 1) break;
-      usleep(10000);
-    }
+    awaitFiles(dir, "seen", n, n - 1, timeoutS + 5);
   } else {
     usleep((useconds_t)((timeoutS + 2) * 1e6));
   }
@@ -140,6 +146,9 @@ int main(int argc, char** argv) {
     snprintf(path, sizeof(path), "%s/rank%d", dir, rank);
     FILE* f = fopen(path, "w");
     if (f) fputs(result, f), fclose(f);
+    /* Open MPI's mpirun ends the whole job once a rank leaves without MPI_Finalize: the
+     * survivors leave together, after every one has written its result */
+    awaitFiles(dir, "rank", n, n - 1, timeoutS + 5);
   }
   free(buf);
   /* MPI cannot finalise with a dead rank; leave without it */

@@ -36,7 +36,7 @@
  * unmatched message would block the peer's other lanes the same way).
  *
  * Tags (60 bits, the top 4 left to providers that reserve them):
- *   bit 56: credit          bits 36..55  sender's rank (20 bits)      bits 28..35  lane (8 bits)
+ *   bit 57: stop    bit 56: credit    bits 36..55  sender's rank (20 bits)    bits 28..35  lane
  *   bits  0..27: data: the step modulo 2^28 (at most STEPS steps of a connection are in flight)
  * Receives are posted from FI_ADDR_UNSPEC (the tag names the sender) for exact tags: the shm
  * provider of libfabric 1.17 matches a new receive against already-arrived messages with the
@@ -88,17 +88,22 @@
 #define TAG_RANK_BITS 20
 #define TAG_STEP_MASK (((uint64_t)1 << TAG_STEP_BITS) - 1)
 #define TAG_CREDIT ((uint64_t)1 << (TAG_STEP_BITS + TAG_LANE_BITS + TAG_RANK_BITS))
+#define TAG_STOP (TAG_CREDIT << 1)
+#define STOP_FLUSH_MS 100 /* how long a stopped rank polls for its stops to go out */
 #define NET_ADDR_MAX 240
 #define NET_MAX_ENDPOINTS 4 /* GCOMM_NET_ENDPOINTS */
 
 typedef struct netConn netConn_t;
-enum { NET_CREDIT_RECV = 1, NET_CREDIT_SEND = 2 };
+/* What a request carries: data, a credit (received by a sending connection, sent by a receiving
+ * one), or a stop (from or to a remote rank: no connection) */
+enum { NET_DATA, NET_CREDIT_RECV, NET_CREDIT_SEND, NET_STOP_RECV, NET_STOP_SEND };
 typedef struct {
   struct fi_context2 ctx; /* first: the completion's op_context points here */
-  netConn_t* nc;
-  uint64_t step; /* a data message's step; the credit receive has none */
-  int isCredit;  /* NET_CREDIT_RECV (a sending connection's), NET_CREDIT_SEND, or 0: data */
-  void* prof;    /* the profiler's Net event, or NULL */
+  netConn_t* nc;          /* NULL for a stop */
+  uint64_t step;          /* a data message's step; credits and stops have none */
+  int kind;
+  int peer;   /* a stop's remote rank */
+  void* prof; /* the profiler's Net event, or NULL */
 } netReq_t;
 
 struct netConn {
@@ -131,6 +136,34 @@ struct netConn {
   int creditInFlight;
 };
 
+/* Stops: a rank whose communicator stopped (an error, a peer it found dead, an abort) tells every
+ * remote rank why, once (comm->stopCode and stopMsg, from gcommPublishStop), so that the ranks
+ * of other nodes blocked on it, or on ranks blocked on it, stop too and name the cause instead of
+ * waiting for their deadline: the executor's probes read each remote rank's stop as its status
+ * (the status hook), as they read a local rank's status page. Every rank keeps one receive
+ * posted for each remote rank's stop, on endpoint 0, from its first progress pass to destroy;
+ * nothing goes while no communicator stops. */
+typedef struct {
+  int32_t code;
+  char msg[sizeof(((gcommStatus_t*)0)->msg)];
+} netStopMsg_t;
+
+typedef struct {
+  netStopMsg_t in;      /* where its stop lands */
+  gcommStatus_t status; /* its stop, once received (code written last) */
+  netReq_t recv, send;
+  int recvPosted;
+  int sendState; /* this rank's stop to it: 0 not posted, 1 in flight, 2 done or failed */
+} netStopPeer_t;
+
+typedef struct {
+  netStopMsg_t out;      /* this rank's stop */
+  int told;              /* out is filled: it goes to every remote rank */
+  int inFlight;          /* sends posted and not complete */
+  int recvsLeft;         /* remote ranks whose stop receive is not posted yet */
+  netStopPeer_t peers[]; /* [rank] (remote ranks only) */
+} netStops_t;
+
 /* Memory registered once for the FIFO slots placed inside it (gcommNetRegister). */
 typedef struct {
   uintptr_t base;
@@ -161,7 +194,10 @@ struct gcommNet {
   uint64_t* credits; /* [peer * nLanes + lane]: the credit receive of each sending connection */
   struct fid_mr* creditMr;
   void* creditDesc;
-  fi_addr_t* addrs; /* [rank * nEps + endpoint] */
+  fi_addr_t* addrs;  /* [rank * nEps + endpoint] */
+  netStops_t* stops; /* registered whole */
+  struct fid_mr* stopMr;
+  void* stopDesc;
   netConn_t** conns;
   int nConns, capConns;
 };
@@ -399,8 +435,9 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   cqAttr.format = FI_CQ_FORMAT_TAGGED;
   cqAttr.wait_obj = FI_WAIT_NONE;
   /* at most STEPS data operations per connection, 2 connections per (peer, lane), one credit
-   * receive per sending connection and one credit send per receiving one */
-  cqAttr.size = (size_t)comm->nranks * comm->nLanes * (2 * GCOMM_STEPS + 2) + 64;
+   * receive per sending connection and one credit send per receiving one; a stop from and to
+   * each rank */
+  cqAttr.size = (size_t)comm->nranks * (comm->nLanes * (2 * GCOMM_STEPS + 2) + 2) + 64;
   OFI_CHECK(fi_cq_open(net->domain, &cqAttr, &net->cq, NULL));
   /* a registration bound to one endpoint (FI_MR_ENDPOINT) serves that one only: then one */
   net->nEps =
@@ -551,7 +588,7 @@ static gcommResult_t postSend(gcommComm_t comm, struct gcommNet* net, netConn_t*
                : GCOMM_ERROR(comm, gcommRemoteError, nc->peer, "%s", nc->failure);
   if (!nc->creditPosted) {
     nc->creditReq.nc = nc;
-    nc->creditReq.isCredit = NET_CREDIT_RECV;
+    nc->creditReq.kind = NET_CREDIT_RECV;
     ssize_t rc = fi_trecv(nc->ep, nc->creditBuf, sizeof(uint64_t), net->creditDesc, FI_ADDR_UNSPEC,
                           TAG_CREDIT | makeTag(nc->peer, nc->lane, 0), 0, &nc->creditReq.ctx);
     if (rc == 0) nc->creditPosted = 1;
@@ -628,7 +665,7 @@ static gcommResult_t postRecv(gcommComm_t comm, struct gcommNet* net, netConn_t*
     } else { /* shm with FI_HMEM injects nothing: a send, one in flight per connection */
       nc->creditSent = nc->posted;
       nc->creditReq.nc = nc;
-      nc->creditReq.isCredit = NET_CREDIT_SEND;
+      nc->creditReq.kind = NET_CREDIT_SEND;
       rc = fi_tsend(nc->ep, &nc->creditSent, sizeof(uint64_t), NULL, nc->addr, tag,
                     &nc->creditReq.ctx);
       nc->creditInFlight = rc == 0;
@@ -797,10 +834,137 @@ static void completeCredit(struct gcommNet* net, netConn_t* nc) {
   if (net->hmemCopies) sendHead(net, nc);
 }
 
+/* Posts the receive of every remote rank's stop not posted yet (-FI_EAGAIN: a later pass). */
+static gcommResult_t postStopRecvs(gcommComm_t comm, struct gcommNet* net) {
+  netStops_t* st = net->stops;
+  for (int p = 0; p < comm->nranks && st->recvsLeft > 0; p++) {
+    netStopPeer_t* sp = &st->peers[p];
+    if (!isRemote(comm, p) || sp->recvPosted) continue;
+    sp->recv.kind = NET_STOP_RECV;
+    sp->recv.peer = p;
+    ssize_t rc = fi_trecv(net->eps[0], &sp->in, sizeof(sp->in), net->stopDesc, FI_ADDR_UNSPEC,
+                          TAG_STOP | makeTag(p, 0, 0), 0, &sp->recv.ctx);
+    if (rc == -FI_EAGAIN) break;
+    if (rc != 0)
+      return GCOMM_ERROR(comm, gcommSystemError, p, "fi_trecv (the stop of rank %d): %s", p,
+                         fi_strerror((int)-rc));
+    sp->recvPosted = 1;
+    st->recvsLeft--;
+  }
+  return gcommSuccess;
+}
+
 static gcommResult_t postAll(gcommComm_t comm, struct gcommNet* net, int* moved) {
+  if (net->stops != NULL && net->stops->recvsLeft > 0) GCOMM_CHECK(postStopRecvs(comm, net));
   for (int i = 0; i < net->nConns; i++) {
     netConn_t* nc = net->conns[i];
     GCOMM_CHECK(nc->isSend ? postSend(comm, net, nc, moved) : postRecv(comm, net, nc, moved));
+  }
+  return gcommSuccess;
+}
+
+/* A stop completed (err: 0, or the failure's fi_errno): a remote rank's stop becomes its status,
+ * code last, with release (the probes read it); a send of this rank's stop is done. A receive is
+ * not posted again: a rank stops once. */
+static void completeStop(struct gcommNet* net, netReq_t* req, int err) {
+  netStopPeer_t* sp = &net->stops->peers[req->peer];
+  if (req->kind == NET_STOP_SEND) {
+    sp->sendState = 2;
+    net->stops->inFlight--;
+    return;
+  }
+  if (err != 0) return;
+  memcpy(sp->status.msg, sp->in.msg, sizeof(sp->status.msg));
+  sp->status.msg[sizeof(sp->status.msg) - 1] = 0;
+  __atomic_store_n(&sp->status.code, sp->in.code != 0 ? sp->in.code : (int)gcommRemoteError,
+                   __ATOMIC_RELEASE);
+}
+
+/* The completion queue's error entry: a failed stop is done; a failed receive or credit waits
+ * for whatever needs its connection (connFailed); data this rank sent and lost fails the
+ * communicator now. */
+static gcommResult_t readCqError(gcommComm_t comm, struct gcommNet* net, int* moved) {
+  struct fi_cq_err_entry e;
+  memset(&e, 0, sizeof(e));
+  if (fi_cq_readerr(net->cq, &e, 0) < 0)
+    return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_cq_readerr failed");
+  netReq_t* req = (netReq_t*)e.op_context;
+  *moved = 1;
+  if (req != NULL && (req->kind == NET_STOP_RECV || req->kind == NET_STOP_SEND)) {
+    completeStop(net, req, e.err);
+    return gcommSuccess;
+  }
+  int peer = req ? req->nc->peer : -1;
+  char buf[256];
+  const char* what = fi_cq_strerror(net->cq, e.prov_errno, e.err_data, buf, sizeof(buf));
+  /* a receive into the caller's memory (comm->netDirectTarget) takes the expected size only */
+  if (e.err == FI_ETRUNC && req && req->kind == NET_DATA && !req->nc->isSend)
+    what =
+        "the message is longer than this rank's call expects: the ranks made different "
+        "calls (counts)";
+  char msg[sizeof(req->nc->failure)];
+  snprintf(msg, sizeof(msg), "network %s %s rank %d failed on lane %d step %llu: %s (%s)",
+           req && req->kind != NET_DATA ? "credit"
+           : req && req->nc->isSend     ? "send"
+                                        : "receive",
+           req && req->nc->isSend ? "to" : "from", peer, req ? req->nc->lane : -1,
+           req ? (unsigned long long)req->step : 0ull, fi_strerror(e.err), what ? what : "");
+  if (req == NULL || (req->nc->isSend && req->kind == NET_DATA)) /* data this rank sent is lost */
+    return GCOMM_ERROR(comm, gcommRemoteError, peer, "%s", msg);
+  connFailed(req->nc, msg);
+  if (req->kind == NET_CREDIT_SEND) req->nc->creditInFlight = 0;
+  if (req->kind == NET_CREDIT_RECV) req->nc->creditPosted = 0;
+  return gcommSuccess;
+}
+
+/* Handles n completions read from the queue. */
+static gcommResult_t completeEntries(gcommComm_t comm, struct gcommNet* net,
+                                     const struct fi_cq_tagged_entry* ent, ssize_t n) {
+#ifdef GCOMM_GPU
+  /* received into GPU memory by copies that may still run (providerCallsCuda) or by a NIC
+   * whose writes may still be in flight: done before any tail advances */
+  int gpuRecv = 0;
+  for (ssize_t k = 0; k < n && net->hmem && !gpuRecv; k++) {
+    netReq_t* req = (netReq_t*)ent[k].op_context;
+    gpuRecv = req->kind == NET_DATA && !req->nc->isSend;
+  }
+  if (gpuRecv) GCOMM_CHECK(comm->netFence(comm, net->hmemCopies));
+#endif
+  for (ssize_t k = 0; k < n; k++) {
+    netReq_t* req = (netReq_t*)ent[k].op_context;
+    if (req->kind == NET_STOP_RECV || req->kind == NET_STOP_SEND) {
+      completeStop(net, req, 0);
+    } else if (req->kind == NET_CREDIT_SEND) { /* the next credit may go */
+      req->nc->creditInFlight = 0;
+    } else if (req->kind == NET_CREDIT_RECV) {
+      completeCredit(net, req->nc);
+    } else {
+      if (!req->nc->isSend && ent[k].len > req->nc->conn->slotBytes)
+        return GCOMM_ERROR(comm, gcommInternalError, req->nc->peer, "received %zu bytes > slot",
+                           ent[k].len);
+      if (req->prof != NULL) gcommProfStop(comm, req->prof);
+      completeData(net, req, ent[k].len,
+                   (ent[k].flags & FI_REMOTE_CQ_DATA) ? (uint32_t)ent[k].data : 0);
+    }
+  }
+  return gcommSuccess;
+}
+
+/* Reads the completion queue until it is empty; *got: any entry. */
+static gcommResult_t readCq(gcommComm_t comm, struct gcommNet* net, int* got, int* moved) {
+  for (;;) {
+    struct fi_cq_tagged_entry ent[16];
+    ssize_t n = fi_cq_read(net->cq, ent, 16);
+    if (n == -FI_EAGAIN) break;
+    if (n == -FI_EAVAIL) {
+      GCOMM_CHECK(readCqError(comm, net, moved));
+      continue;
+    }
+    if (n < 0)
+      return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_cq_read: %s", fi_strerror((int)-n));
+    GCOMM_CHECK(completeEntries(comm, net, ent, n));
+    *got = 1;
+    if (n < 16) break;
   }
   return gcommSuccess;
 }
@@ -810,77 +974,89 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
   if (net == NULL) return gcommSuccess;
   GCOMM_CHECK(postAll(comm, net, moved));
   int got = 0;
-  for (;;) {
-    struct fi_cq_tagged_entry ent[16];
-    ssize_t n = fi_cq_read(net->cq, ent, 16);
-    if (n == -FI_EAGAIN) break;
-    if (n == -FI_EAVAIL) {
-      struct fi_cq_err_entry e;
-      memset(&e, 0, sizeof(e));
-      if (fi_cq_readerr(net->cq, &e, 0) < 0)
-        return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_cq_readerr failed");
-      netReq_t* req = (netReq_t*)e.op_context;
-      int peer = req ? req->nc->peer : -1;
-      char buf[256];
-      const char* what = fi_cq_strerror(net->cq, e.prov_errno, e.err_data, buf, sizeof(buf));
-      /* a receive into the caller's memory (comm->netDirectTarget) takes the expected size only */
-      if (e.err == FI_ETRUNC && req && !req->isCredit && !req->nc->isSend)
-        what =
-            "the message is longer than this rank's call expects: the ranks made different "
-            "calls (counts)";
-      char msg[sizeof(req->nc->failure)];
-      snprintf(msg, sizeof(msg), "network %s %s rank %d failed on lane %d step %llu: %s (%s)",
-               req && req->isCredit     ? "credit"
-               : req && req->nc->isSend ? "send"
-                                        : "receive",
-               req && req->nc->isSend ? "to" : "from", peer, req ? req->nc->lane : -1,
-               req ? (unsigned long long)req->step : 0ull, fi_strerror(e.err), what ? what : "");
-      if (req == NULL || (req->nc->isSend && !req->isCredit)) /* data this rank sent is lost */
-        return GCOMM_ERROR(comm, gcommRemoteError, peer, "%s", msg);
-      connFailed(req->nc, msg);
-      if (req->isCredit == NET_CREDIT_SEND) req->nc->creditInFlight = 0;
-      if (req->isCredit == NET_CREDIT_RECV) req->nc->creditPosted = 0;
-      *moved = 1;
-      continue;
-    }
-    if (n < 0)
-      return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_cq_read: %s", fi_strerror((int)-n));
-#ifdef GCOMM_GPU
-    /* received into GPU memory by copies that may still run (providerCallsCuda) or by a NIC
-     * whose writes may still be in flight: done before any tail advances */
-    int gpuRecv = 0;
-    for (ssize_t k = 0; k < n && net->hmem && !gpuRecv; k++) {
-      netReq_t* req = (netReq_t*)ent[k].op_context;
-      gpuRecv = !req->isCredit && !req->nc->isSend;
-    }
-    if (gpuRecv) GCOMM_CHECK(comm->netFence(comm, net->hmemCopies));
-#endif
-    for (ssize_t k = 0; k < n; k++) {
-      netReq_t* req = (netReq_t*)ent[k].op_context;
-      if (req->isCredit == NET_CREDIT_SEND) { /* the next credit may go */
-        req->nc->creditInFlight = 0;
-        continue;
-      }
-      if (req->isCredit) {
-        completeCredit(net, req->nc);
-        continue;
-      }
-      if (!req->nc->isSend && ent[k].len > req->nc->conn->slotBytes)
-        return GCOMM_ERROR(comm, gcommInternalError, req->nc->peer, "received %zu bytes > slot",
-                           ent[k].len);
-      if (req->prof != NULL) gcommProfStop(comm, req->prof);
-      completeData(net, req, ent[k].len,
-                   (ent[k].flags & FI_REMOTE_CQ_DATA) ? (uint32_t)ent[k].data : 0);
-    }
-    got = 1;
-    if (n < 16) break;
-  }
+  GCOMM_CHECK(readCq(comm, net, &got, moved));
   /* freed slots can take new receives, completed sends and new credits let more sends go */
   if (got) {
     *moved = 1;
     GCOMM_CHECK(postAll(comm, net, moved));
   }
   return gcommSuccess;
+}
+
+/* Sends this rank's stop (once it has one) to every remote rank not sent to yet. */
+static void postStopSends(gcommComm_t comm, struct gcommNet* net) {
+  netStops_t* st = net->stops;
+  if (!st->told) {
+    int code = __atomic_load_n(&comm->stopCode, __ATOMIC_ACQUIRE);
+    if (code == 0) return;
+    st->out.code = code;
+    memcpy(st->out.msg, comm->stopMsg, sizeof(st->out.msg));
+    st->told = 1;
+  }
+  for (int p = 0; p < comm->nranks; p++) {
+    netStopPeer_t* sp = &st->peers[p];
+    if (!isRemote(comm, p) || sp->sendState != 0) continue;
+    sp->send.kind = NET_STOP_SEND;
+    sp->send.peer = p;
+    ssize_t rc = fi_tsend(net->eps[0], &st->out, sizeof(st->out), net->stopDesc,
+                          net->addrs[(size_t)p * net->nEps], TAG_STOP | makeTag(comm->rank, 0, 0),
+                          &sp->send.ctx);
+    if (rc == -FI_EAGAIN) break;
+    sp->sendState = rc == 0 ? 1 : 2; /* a send that cannot be posted: that rank's deadline tells */
+    st->inFlight += rc == 0;
+  }
+}
+
+/* Whether this rank's stop still has to go somewhere (an abort in poll mode may have left it to
+ * destroy). */
+static int stopsPending(gcommComm_t comm, struct gcommNet* net) {
+  netStops_t* st = net->stops;
+  if (st == NULL) return 0;
+  if (!st->told) return __atomic_load_n(&comm->stopCode, __ATOMIC_ACQUIRE) != 0;
+  if (st->inFlight > 0) return 1;
+  for (int p = 0; p < comm->nranks; p++)
+    if (isRemote(comm, p) && st->peers[p].sendState == 0) return 1;
+  return 0;
+}
+
+/* Posts and polls until this rank's stop has gone to every remote rank, or for at most ms
+ * milliseconds: most providers move messages only while polled, and the caller may destroy the
+ * communicator as soon as its wait returned the error. */
+static void flushStops(gcommComm_t comm, struct gcommNet* net, int ms) {
+  uint64_t until = gcommNowNs() + (uint64_t)ms * 1000000;
+  do {
+    int got = 0, moved = 0;
+    postStopSends(comm, net);
+    (void)readCq(comm, net, &got, &moved); /* the communicator has stopped already */
+  } while (stopsPending(comm, net) && gcommNowNs() < until);
+}
+
+/* The communicator stopped: its stop goes to every remote rank (the first time with up to
+ * STOP_FLUSH_MS of polling for it, then a little more on every stopped pass). */
+static void netStop(gcommComm_t comm) {
+  struct gcommNet* net = comm->net;
+  if (net == NULL || net->stops == NULL) return;
+  flushStops(comm, net, net->stops->told ? 0 : STOP_FLUSH_MS);
+}
+
+/* A remote rank's stop, once it sent one (its status: the code is 0 until then). */
+static gcommStatus_t* netStatus(gcommComm_t comm, int rank) {
+  struct gcommNet* net = comm->net;
+  if (net == NULL || net->stops == NULL || !isRemote(comm, rank)) return NULL;
+  return &net->stops->peers[rank].status;
+}
+
+/* Memory registered for every remote rank's stop. The receives are posted by the first progress
+ * pass (postAll), after the FIFOs' first receives and the ranks' barrier: a stop sent before is
+ * kept by the provider as an unexpected message. Posted here, before the FIFOs' receives, they
+ * made tcp (rxm, libfabric 1.17) under Open MPI's mpirun stall the first all-reduce of 6 ranks
+ * on 3 pretend nodes, polled, in most runs. */
+static gcommResult_t setupStops(gcommComm_t comm, struct gcommNet* net) {
+  size_t bytes = sizeof(netStops_t) + (size_t)comm->nranks * sizeof(netStopPeer_t);
+  net->stops = calloc(1, bytes);
+  if (net->stops == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  for (int p = 0; p < comm->nranks; p++) net->stops->recvsLeft += isRemote(comm, p);
+  return regMem(comm, net, net->stops, bytes, -1, &net->stopMr, &net->stopDesc);
 }
 
 int gcommNetSendsPending(gcommComm_t comm, int withCredits) {
@@ -965,6 +1141,7 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
   }
   free(all);
   if (res != gcommSuccess) return res;
+  GCOMM_CHECK(setupStops(comm, net));
   /* GPU communicators connect FIFOs of their own (transports/p2p.c, gcommNetConnect) */
   if (comm->device != GCOMM_DEVICE_HOST) return gcommSuccess;
   return connectHostFifos(comm, net, nRemote);
@@ -973,6 +1150,7 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
 void gcommNetFree(gcommComm_t comm) {
   struct gcommNet* net = comm->net;
   if (net == NULL) return;
+  if (stopsPending(comm, net)) flushStops(comm, net, STOP_FLUSH_MS);
   /* closing the endpoints cancels the receives still posted; registrations and the CQ go after */
   for (int e = 0; e < NET_MAX_ENDPOINTS; e++)
     if (net->eps[e]) fi_close(&net->eps[e]->fid);
@@ -984,6 +1162,7 @@ void gcommNetFree(gcommComm_t comm) {
   }
   for (int i = 0; i < net->nRegions; i++) fi_close(&net->regions[i].mr->fid);
   if (net->creditMr) fi_close(&net->creditMr->fid);
+  if (net->stopMr) fi_close(&net->stopMr->fid);
   if (net->av) fi_close(&net->av->fid);
   if (net->cq) fi_close(&net->cq->fid);
   if (net->domain) fi_close(&net->domain->fid);
@@ -994,6 +1173,7 @@ void gcommNetFree(gcommComm_t comm) {
   free(net->regions);
   free(net->addrs);
   free(net->credits);
+  free(net->stops);
   free(net);
   comm->net = NULL;
 }
@@ -1011,6 +1191,8 @@ const gcommTransport_t gcommNetTransport = {
     .progress = gcommNetProgress,
     .pending = gcommNetSendsPending,
     .mustPoll = netMustPoll,
+    .stop = netStop,
+    .status = netStatus,
     /* first: its receives may land in a GPU communicator's pinned FIFOs */
     .close = gcommNetFree,
 };

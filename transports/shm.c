@@ -223,5 +223,6 @@ const gcommTransport_t gcommShmTransport = {
     .connect = gcommShmConnect,
     .connectWhat = "shared-memory connection",
     .connected = gcommShmUnlink, /* every rank has mapped every segment it needs */
+    .status = gcommShmStatus,
     .free = gcommShmFree,
 };
