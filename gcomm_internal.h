@@ -355,7 +355,7 @@ struct gcommComm {
   pthread_mutex_t postLock;
   pthread_cond_t postCond; /* posted work or stop, for the sleeping progress thread */
   gcommOp_t *postedHead, *postedTail;
-  uint64_t batches;                   /* posts so far (under postLock): gcommOp.batch */
+  uint64_t batches;                   /* posts so far (the owner thread's): gcommOp.batch */
   gcommOp_t *activeHead, *activeTail; /* fetched, unfinished operations in call order */
   int nQueues;
   gcommQueue_t* queues;

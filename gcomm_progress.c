@@ -45,6 +45,29 @@ static void workFinished(gcommComm_t comm, gcommWork_t* w) {
   if (--w->op->nWorksLeft == 0) opFinished(comm, w->op);
 }
 
+/* An operation joins the active list (call order) and its works their queues. Run under
+ * progressLock. */
+static void activateOp(gcommComm_t comm, gcommOp_t* op) {
+  op->prevActive = comm->activeTail;
+  op->nextActive = NULL;
+  if (comm->activeTail)
+    comm->activeTail->nextActive = op;
+  else
+    comm->activeHead = op;
+  comm->activeTail = op;
+  for (int i = 0; i < op->nWorks; i++) {
+    gcommWork_t* w = &op->works[i];
+    gcommQueue_t* q = &comm->queues[w->queue];
+    w->next = NULL;
+    if (q->tail)
+      q->tail->next = w;
+    else
+      q->head = w;
+    q->tail = w;
+  }
+  comm->nActiveWorks += op->nWorks;
+}
+
 /* Moves up to max posted operations into the queues. */
 static void fetchPosted(gcommComm_t comm, long max) {
   /* a peek without the lock (atomic: posters write it under the lock); the next pass sees what
@@ -59,24 +82,7 @@ static void fetchPosted(gcommComm_t comm, long max) {
     gcommOp_t* op = comm->postedHead;
     __atomic_store_n(&comm->postedHead, op->next, __ATOMIC_RELEASE);
     if (op->next == NULL) comm->postedTail = NULL;
-    op->prevActive = comm->activeTail;
-    op->nextActive = NULL;
-    if (comm->activeTail)
-      comm->activeTail->nextActive = op;
-    else
-      comm->activeHead = op;
-    comm->activeTail = op;
-    for (int i = 0; i < op->nWorks; i++) {
-      gcommWork_t* w = &op->works[i];
-      gcommQueue_t* q = &comm->queues[w->queue];
-      w->next = NULL;
-      if (q->tail)
-        q->tail->next = w;
-      else
-        q->head = w;
-      q->tail = w;
-    }
-    comm->nActiveWorks += op->nWorks;
+    activateOp(comm, op);
   }
   pthread_mutex_unlock(&comm->postLock);
   if (ctrl != NULL) gcommProfCtrlStop(comm, ctrl, gcommProfilerProxyCtrlAppendEnd, (int)k);
@@ -362,13 +368,43 @@ gcommResult_t gcommStartGpuProxy(gcommComm_t comm) {
   return startThreadOnce(comm);
 }
 
-/* Hands a list of operations to the engine. */
+/* The caller's fast path: when nothing is posted or active ahead of them (so call order holds
+ * without the engine) and no pass runs now, the calling thread puts the operations straight into
+ * the queues and runs one pass itself: what can move moves before the call returns (a small
+ * operation's sends, a root's broadcast, all of it on one rank), with no hand-off through the
+ * posted list and its lock. Returns 1 when everything finished there, so the progress thread need
+ * not hear of it; else what is left is active, for gcommWait's drivers or the thread to finish. */
+static int runPosted(gcommComm_t comm, gcommOp_t* head) { /* -1: not run, the engine fetches */
+  if (__atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE) != NULL ||
+      pthread_mutex_trylock(&comm->progressLock) != 0)
+    return -1;
+  if (comm->nActiveWorks > 0 || comm->postedHead != NULL) { /* the engine has work ahead */
+    pthread_mutex_unlock(&comm->progressLock);
+    return -1;
+  }
+  for (gcommOp_t *op = head, *next; op != NULL; op = next) next = op->next, activateOp(comm, op);
+  (void)gcommProgressPass(comm);
+  int done = comm->nActiveWorks == 0 && !transportsPending(comm, 1);
+  pthread_mutex_unlock(&comm->progressLock);
+  return done;
+}
+
+/* Hands a list of operations to the engine: run by the caller (runPosted) where nothing is ahead
+ * of them, else appended to the posted list, which the engine fetches. Only the owner thread
+ * posts (gcommEnqueueCheck), so the posted list's emptiness cannot change under the caller. */
 gcommResult_t gcommPostOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, int n) {
   GCOMM_CHECK(startThreadOnce(comm));
-  pthread_mutex_lock(&comm->postLock);
   __atomic_add_fetch(&comm->opsPosted, n, __ATOMIC_ACQ_REL);
   comm->batches++;
   for (gcommOp_t* op = head; op != NULL; op = op->next) op->batch = comm->batches;
+  int ran = runPosted(comm, head);
+  if (ran == 1) return gcommSuccess;
+  pthread_mutex_lock(&comm->postLock);
+  if (ran == 0) { /* active already: wake the thread for what is left unless a driver runs */
+    if (!comm->standby) pthread_cond_signal(&comm->postCond);
+    pthread_mutex_unlock(&comm->postLock);
+    return gcommSuccess;
+  }
   if (comm->postedTail)
     comm->postedTail->next = head;
   else
