@@ -371,6 +371,8 @@ struct gcommComm {
   int waiters;    /* atomic: threads sleeping on doneCond */
   int drivers;    /* atomic: threads in gcommWait running passes themselves (see gcommWait) */
   int standby;    /* the progress thread sleeps while drivers run passes (under postLock) */
+  int callerLeft; /* a caller's pass (gcommPostOps) left work in the queues (under postLock): the
+                   * progress thread must not go to sleep on it unseen */
   int abortFlag;  /* atomic */
   int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
   uint64_t collSeq;

@@ -317,7 +317,10 @@ static void* progressThread(void* arg) {
     if ((idleUs > 1000 || waitersDrive(comm)) && nothingLeft) {
       int timedOut = 0;
       pthread_mutex_lock(&comm->postLock);
-      if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
+      int callerLeft = comm->callerLeft; /* queued after nothingLeft was found: not asleep */
+      comm->callerLeft = 0;
+      if (comm->postedHead == NULL && !callerLeft &&
+          !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
         /* wake now and then for dumps */
         struct timespec ts = gcommDeadlineIn(hasGpuProxy(comm) ? 1000000 : 100 * 1000000);
         void* ctrl = GCOMM_PROF_ON(comm, gcommProfileProxyCtrl)
@@ -368,17 +371,20 @@ gcommResult_t gcommStartGpuProxy(gcommComm_t comm) {
   return startThreadOnce(comm);
 }
 
-/* The caller's fast path: when nothing is posted or active ahead of them (so call order holds
- * without the engine) and no pass runs now, the calling thread puts the operations straight into
- * the queues and runs one pass itself: what can move moves before the call returns (a small
- * operation's sends, a root's broadcast, all of it on one rank), with no hand-off through the
- * posted list and its lock. Returns 1 when everything finished there, so the progress thread need
- * not hear of it; else what is left is active, for gcommWait's drivers or the thread to finish. */
-static int runPosted(gcommComm_t comm, gcommOp_t* head) { /* -1: not run, the engine fetches */
-  if (__atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE) != NULL ||
+/* The caller's fast path (thread mode: in poll mode data moves only in gcommProgress and
+ * gcommWait). Where nothing is posted or active ahead of the operations (so call order holds
+ * without the engine; only this thread posts) and no pass runs now, the calling thread puts them
+ * straight into the queues and runs one pass itself: what can move moves before the call returns
+ * (a small operation's sends, a root's broadcast, all of it on one rank), with no hand-off through
+ * the posted list and its lock. Returns -1 when it did not run them (the engine fetches them), 1
+ * when everything finished there (the progress thread need not hear of it), 0 when work is left
+ * in the queues for gcommWait's drivers or the thread. */
+static int runPosted(gcommComm_t comm, gcommOp_t* head) {
+  if (comm->params.proxyMode != GCOMM_PROXY_THREAD ||
+      __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE) != NULL ||
       pthread_mutex_trylock(&comm->progressLock) != 0)
     return -1;
-  if (comm->nActiveWorks > 0 || comm->postedHead != NULL) { /* the engine has work ahead */
+  if (comm->nActiveWorks > 0) { /* the engine has work ahead */
     pthread_mutex_unlock(&comm->progressLock);
     return -1;
   }
@@ -401,6 +407,7 @@ gcommResult_t gcommPostOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, i
   if (ran == 1) return gcommSuccess;
   pthread_mutex_lock(&comm->postLock);
   if (ran == 0) { /* active already: wake the thread for what is left unless a driver runs */
+    comm->callerLeft = 1;
     if (!comm->standby) pthread_cond_signal(&comm->postCond);
     pthread_mutex_unlock(&comm->postLock);
     return gcommSuccess;
