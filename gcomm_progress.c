@@ -388,7 +388,15 @@ static int runPosted(gcommComm_t comm, gcommOp_t* head) {
     pthread_mutex_unlock(&comm->progressLock);
     return -1;
   }
-  for (gcommOp_t *op = head, *next; op != NULL; op = next) next = op->next, activateOp(comm, op);
+  void* ctrl = GCOMM_PROF_ON(comm, gcommProfileProxyCtrl) /* an append, as fetchPosted's */
+                   ? gcommProfCtrlStart(comm, gcommProfilerProxyCtrlAppend)
+                   : NULL;
+  int k = 0;
+  for (gcommOp_t *op = head, *next; op != NULL; op = next, k++) {
+    next = op->next;
+    activateOp(comm, op);
+  }
+  if (ctrl != NULL) gcommProfCtrlStop(comm, ctrl, gcommProfilerProxyCtrlAppendEnd, k);
   (void)gcommProgressPass(comm);
   int done = comm->nActiveWorks == 0 && !transportsPending(comm, 1);
   pthread_mutex_unlock(&comm->progressLock);
