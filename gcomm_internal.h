@@ -419,7 +419,7 @@ struct gcommComm {
   pthread_mutex_t postLock;
   pthread_cond_t postCond; /* posted work or stop, for the sleeping progress thread */
   gcommOp_t *postedHead, *postedTail;
-  uint64_t batches;                   /* posts so far (under postLock): gcommOp.batch */
+  uint64_t batches;                   /* posts so far (the owner thread's): gcommOp.batch */
   gcommOp_t *activeHead, *activeTail; /* fetched, unfinished operations in call order */
   int nQueues;
   gcommQueue_t* queues;
@@ -436,6 +436,8 @@ struct gcommComm {
   int waiters;    /* atomic: threads sleeping on doneCond */
   int drivers;    /* atomic: threads in gcommWait running passes themselves (see gcommWait) */
   int standby;    /* the progress thread sleeps while drivers run passes (under postLock) */
+  int callerLeft; /* a caller's pass (gcommPostOps) left work in the queues (under postLock): the
+                   * progress thread must not go to sleep on it unseen */
   int abortFlag;  /* atomic */
   int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
   uint64_t collSeq;

@@ -20,7 +20,7 @@
 
 enum { PARAM_INT, PARAM_SIZE, PARAM_ENUM, PARAM_STR, PARAM_LOG };
 
-const char* const gcommAlgoNames[] = {"ring", "tree", "direct", "twoshot", NULL};
+const char* const gcommAlgoNames[] = {"ring", "tree", "direct", "twoshot", "recdbl", NULL};
 const char* const gcommProtoNames[] = {"simple", "ll", NULL};
 const char* const gcommProxyModeNames[] = {"thread", "poll", NULL};
 #ifdef GCOMM_GPU
@@ -55,7 +55,8 @@ static const gcommParamDef_t paramTable[] = {
     {"GCOMM_DEBUG_FILE", "", PARAM_LOG, -1, NULL, 0, 0,
      "log to this file instead of stderr; %h is the host name, %p the pid", LOCAL},
     {"GCOMM_ALGO", "", PARAM_ENUM, PARAM_AT(algo), gcommAlgoNames, 0, 0,
-     "force the algorithm: ring, tree, direct or twoshot (default: the cost model picks)", SHARED},
+     "force the algorithm: ring, tree, direct, twoshot or recdbl (default: the cost model picks)",
+     SHARED},
     {"GCOMM_PROTO", "", PARAM_ENUM, PARAM_AT(proto), gcommProtoNames, 0, 0,
      "GPU communicators: force the protocol, simple or ll (default: the cost model picks)", SHARED},
     {"GCOMM_NCHANNELS", "2", PARAM_INT, PARAM_AT(nChannels), NULL, 1, GCOMM_MAX_CHANNELS,

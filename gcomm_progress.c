@@ -45,6 +45,29 @@ static void workFinished(gcommComm_t comm, gcommWork_t* w) {
   if (--w->op->nWorksLeft == 0) opFinished(comm, w->op);
 }
 
+/* An operation joins the active list (call order) and its works their queues. Run under
+ * progressLock. */
+static void activateOp(gcommComm_t comm, gcommOp_t* op) {
+  op->prevActive = comm->activeTail;
+  op->nextActive = NULL;
+  if (comm->activeTail)
+    comm->activeTail->nextActive = op;
+  else
+    comm->activeHead = op;
+  comm->activeTail = op;
+  for (int i = 0; i < op->nWorks; i++) {
+    gcommWork_t* w = &op->works[i];
+    gcommQueue_t* q = &comm->queues[w->queue];
+    w->next = NULL;
+    if (q->tail)
+      q->tail->next = w;
+    else
+      q->head = w;
+    q->tail = w;
+  }
+  comm->nActiveWorks += op->nWorks;
+}
+
 /* Moves up to max posted operations into the queues. */
 static void fetchPosted(gcommComm_t comm, long max) {
   /* a peek without the lock (atomic: posters write it under the lock); the next pass sees what
@@ -59,24 +82,7 @@ static void fetchPosted(gcommComm_t comm, long max) {
     gcommOp_t* op = comm->postedHead;
     __atomic_store_n(&comm->postedHead, op->next, __ATOMIC_RELEASE);
     if (op->next == NULL) comm->postedTail = NULL;
-    op->prevActive = comm->activeTail;
-    op->nextActive = NULL;
-    if (comm->activeTail)
-      comm->activeTail->nextActive = op;
-    else
-      comm->activeHead = op;
-    comm->activeTail = op;
-    for (int i = 0; i < op->nWorks; i++) {
-      gcommWork_t* w = &op->works[i];
-      gcommQueue_t* q = &comm->queues[w->queue];
-      w->next = NULL;
-      if (q->tail)
-        q->tail->next = w;
-      else
-        q->head = w;
-      q->tail = w;
-    }
-    comm->nActiveWorks += op->nWorks;
+    activateOp(comm, op);
   }
   pthread_mutex_unlock(&comm->postLock);
   if (ctrl != NULL) gcommProfCtrlStop(comm, ctrl, gcommProfilerProxyCtrlAppendEnd, (int)k);
@@ -342,7 +348,10 @@ static void* progressThread(void* arg) {
     if ((idleUs > 1000 || waitersDrive(comm)) && nothingLeft) {
       int timedOut = 0;
       pthread_mutex_lock(&comm->postLock);
-      if (comm->postedHead == NULL && !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
+      int callerLeft = comm->callerLeft; /* queued after nothingLeft was found: not asleep */
+      comm->callerLeft = 0;
+      if (comm->postedHead == NULL && !callerLeft &&
+          !__atomic_load_n(&comm->stopThread, __ATOMIC_ACQUIRE)) {
         /* wake now and then for dumps */
         struct timespec ts = gcommDeadlineIn(hasGpuProxy(comm) ? 1000000 : 100 * 1000000);
         void* ctrl = GCOMM_PROF_ON(comm, gcommProfileProxyCtrl)
@@ -394,13 +403,55 @@ gcommResult_t gcommStartGpuProxy(gcommComm_t comm) {
   return startThreadOnce(comm);
 }
 
-/* Hands a list of operations to the engine. */
+/* The caller's fast path (thread mode: in poll mode data moves only in gcommProgress and
+ * gcommWait). Where nothing is posted or active ahead of the operations (so call order holds
+ * without the engine; only this thread posts) and no pass runs now, the calling thread puts them
+ * straight into the queues and runs one pass itself: what can move moves before the call returns
+ * (a small operation's sends, a root's broadcast, all of it on one rank), with no hand-off through
+ * the posted list and its lock. Returns -1 when it did not run them (the engine fetches them), 1
+ * when everything finished there (the progress thread need not hear of it), 0 when work is left
+ * in the queues for gcommWait's drivers or the thread. */
+static int runPosted(gcommComm_t comm, gcommOp_t* head) {
+  if (comm->params.proxyMode != GCOMM_PROXY_THREAD ||
+      __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE) != NULL ||
+      pthread_mutex_trylock(&comm->progressLock) != 0)
+    return -1;
+  if (comm->nActiveWorks > 0) { /* the engine has work ahead */
+    pthread_mutex_unlock(&comm->progressLock);
+    return -1;
+  }
+  void* ctrl = GCOMM_PROF_ON(comm, gcommProfileProxyCtrl) /* an append, as fetchPosted's */
+                   ? gcommProfCtrlStart(comm, gcommProfilerProxyCtrlAppend)
+                   : NULL;
+  int k = 0;
+  for (gcommOp_t *op = head, *next; op != NULL; op = next, k++) {
+    next = op->next;
+    activateOp(comm, op);
+  }
+  if (ctrl != NULL) gcommProfCtrlStop(comm, ctrl, gcommProfilerProxyCtrlAppendEnd, k);
+  (void)gcommProgressPass(comm);
+  int done = comm->nActiveWorks == 0 && !transportsPending(comm, 1);
+  pthread_mutex_unlock(&comm->progressLock);
+  return done;
+}
+
+/* Hands a list of operations to the engine: run by the caller (runPosted) where nothing is ahead
+ * of them, else appended to the posted list, which the engine fetches. Only the owner thread
+ * posts (gcommEnqueueCheck), so the posted list's emptiness cannot change under the caller. */
 gcommResult_t gcommPostOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, int n) {
   GCOMM_CHECK(startThreadOnce(comm));
-  pthread_mutex_lock(&comm->postLock);
   __atomic_add_fetch(&comm->opsPosted, n, __ATOMIC_ACQ_REL);
   comm->batches++;
   for (gcommOp_t* op = head; op != NULL; op = op->next) op->batch = comm->batches;
+  int ran = runPosted(comm, head);
+  if (ran == 1) return gcommSuccess;
+  pthread_mutex_lock(&comm->postLock);
+  if (ran == 0) { /* active already: wake the thread for what is left unless a driver runs */
+    comm->callerLeft = 1;
+    if (!comm->standby) pthread_cond_signal(&comm->postCond);
+    pthread_mutex_unlock(&comm->postLock);
+    return gcommSuccess;
+  }
   if (comm->postedTail)
     comm->postedTail->next = head;
   else

@@ -68,6 +68,7 @@ typedef enum {
   gcommAlgoTree,
   gcommAlgoDirect,
   gcommAlgoTwoShot, /* AllReduce: a direct reduce-scatter, then a direct all-gather */
+  gcommAlgoRecDbl,  /* AllGather: recursive doubling, log2(n) exchanges (small, 2^k ranks) */
   gcommNumAlgos
 } gcommAlgo_t;
 
@@ -126,13 +127,16 @@ GCOMM_HD size_t gcommMinSize(size_t a, size_t b) {
 GCOMM_HD int gcommSchedAlgo(int func, int algo) {
   switch (func) {
     case gcommFuncAllReduce:
-      return algo;
+      return algo == gcommAlgoRecDbl ? gcommAlgoDirect : algo;
     case gcommFuncBroadcast:
     case gcommFuncReduce: /* two-shot is AllReduce's: the others' direct form is their one shot */
-      return algo == gcommAlgoTwoShot ? gcommAlgoDirect : algo;
+      return algo == gcommAlgoTwoShot || algo == gcommAlgoRecDbl ? gcommAlgoDirect : algo;
     case gcommFuncAllGather:
+      return algo == gcommAlgoDirect || algo == gcommAlgoTwoShot ? gcommAlgoDirect
+             : algo == gcommAlgoRecDbl                           ? gcommAlgoRecDbl
+                                                                 : gcommAlgoRing;
     case gcommFuncReduceScatter:
-      return algo == gcommAlgoDirect || algo == gcommAlgoTwoShot ? gcommAlgoDirect : gcommAlgoRing;
+      return algo == gcommAlgoRing || algo == gcommAlgoTree ? gcommAlgoRing : gcommAlgoDirect;
     default:
       return gcommAlgoDirect;
   }
@@ -146,9 +150,31 @@ GCOMM_HD size_t gcommSchedRoundElems(const gcommSched_t* s) {
              : s->chunk;
 }
 
+GCOMM_HD int gcommLog2(int n) {
+  int l = 0;
+  while ((1 << l) < n) l++;
+  return l;
+}
+
+/* Recursive doubling exchanges whole groups of blocks, each one contiguous slot: it runs where
+ * the ranks are a power of two, the channel holds the whole block (one round) and the largest
+ * group, n/2 blocks, fits a slot. Elsewhere its collective runs direct, which every rank decides
+ * alike from the schedule's shared fields. */
+GCOMM_HD int gcommRecDblFits(const gcommSched_t* s) {
+  int n = s->nranks;
+  return (n & (n - 1)) == 0 && s->chanOff == 0 && s->chanCount == s->count &&
+         s->count * (size_t)(n / 2) <= s->chunk;
+}
+
+/* The algorithm a channel runs: its operation's, except recursive doubling where it does not fit
+ * (gcommRecDblFits). */
+GCOMM_HD int gcommSchedChannelAlgo(const gcommSched_t* s) {
+  return s->algo == gcommAlgoRecDbl && !gcommRecDblFits(s) ? gcommAlgoDirect : s->algo;
+}
+
 /* Steps one round (one chunk of the channel range) takes on this rank. */
 GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
-  int n = s->nranks, r = s->rank;
+  int n = s->nranks, r = s->rank, algo = gcommSchedChannelAlgo(s);
   if (gcommIsPointToPoint(s->func) || n == 1) return 1;
   switch (s->func) {
     case gcommFuncAllReduce:
@@ -160,7 +186,7 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
     case gcommFuncReduce:
       return (s->algo == gcommAlgoDirect && r == s->root) ? n : 1;
     case gcommFuncAllGather:
-      return s->algo == gcommAlgoDirect ? 2 * n - 1 : n;
+      return algo == gcommAlgoRecDbl ? 2 * gcommLog2(n) : algo == gcommAlgoDirect ? 2 * n - 1 : n;
     case gcommFuncReduceScatter:
       return s->algo == gcommAlgoDirect ? 2 * n - 2 : n;
     case gcommFuncAllToAll:
@@ -523,6 +549,32 @@ GCOMM_HD void gcommStepAllGatherRing(const gcommSched_t* s, const gcommRound_t* 
   if (t < n - 1) st->sendPeer[0] = (r + 1) % n;
 }
 
+/* Recursive-doubling AllGather on n = 2^L ranks, the whole block in one round (gcommRecDblFits).
+ * Exchange k (0 <= k < L) pairs rank r with r ^ 2^k; before it, r holds the 2^k blocks of its
+ * group g = r >> k, which lie next to each other in the output (blocks g*2^k .. g*2^k + 2^k - 1):
+ *   step 2k: send the group to the partner: at k = 0 r's own input, written to output block r
+ *     on the way; later the group's blocks from the output;
+ *   step 2k+1: receive the partner's group (g ^ 1) into its blocks of the output.
+ * 2 log2(n) steps against the direct pattern's 2n-1; a receive waits only on the partner's send of
+ * the same exchange, which follows only its own earlier exchanges: no deadlock. In place, output
+ * block r is the input, and nothing writes it. */
+GCOMM_HD void gcommStepAllGatherRecDbl(const gcommSched_t* s, const gcommRound_t* q,
+                                       gcommStep_t* st) {
+  int r = s->rank, k = (int)(q->t / 2), size = 1 << k;
+  int group = (r >> k) ^ (int)(q->t % 2); /* the one sent, then the one received */
+  size_t R = s->count;
+  st->count = q->c * (size_t)size;
+  st->dstOff = st->srcOff = (size_t)(group * size) * R;
+  if (q->t % 2) {
+    st->recvPeer[0] = r ^ size;
+    st->dst = GCOMM_BUF_OUT;
+  } else {
+    st->sendPeer[0] = r ^ size;
+    st->src = k == 0 ? GCOMM_BUF_IN : GCOMM_BUF_OUT;
+    if (k == 0) st->srcOff = 0, st->dst = GCOMM_BUF_OUT;
+  }
+}
+
 /* Ring ReduceScatter, ranks in a ring r -> r+1: at step t (0 <= t <= n-1) rank r works on block
  * k = (r - 1 - t) mod n. At t = 0 it sends block k of its input to r+1; at t > 0 it receives from
  * r-1 the partial result of block k, combines block k of its own input with it, and sends it on;
@@ -583,7 +635,7 @@ GCOMM_HD void gcommStepScatter(const gcommSched_t* s, const gcommRound_t* q, gco
 /* Step number `step` (0 <= step < gcommSchedNumSteps) of this rank. Send and Recv move their
  * chunks one a step to or from the peer; on one rank every collective is a copy. */
 GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* st) {
-  int n = s->nranks, r = s->rank, algo = s->algo;
+  int n = s->nranks, r = s->rank, algo = gcommSchedChannelAlgo(s);
   gcommRound_t q;
   gcommSchedRound(s, step, &q);
   gcommStepInit(st);
@@ -634,6 +686,8 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
     case gcommFuncAllGather: /* direct: every rank sends the same block to all */
       if (algo == gcommAlgoRing)
         gcommStepAllGatherRing(s, &q, st);
+      else if (algo == gcommAlgoRecDbl)
+        gcommStepAllGatherRecDbl(s, &q, st);
       else
         gcommDirectExchange(r, n, q.t, 0, s->count, q.off, st);
       return;

@@ -14,12 +14,6 @@
 #define HOST_BW_BYTES_PER_US 4000.0
 #define NET_ONESHOT_MAX_BYTES (256u << 10)
 
-static int log2Up(int n) {
-  int l = 0;
-  while ((1 << l) < n) l++;
-  return l;
-}
-
 /* An algorithm's two cost terms: FIFO hops one after another, and bytes each rank moves per byte
  * of `bytes`, the size nccl-tests reports (the whole buffer; AllGather: the output;
  * ReduceScatter: the input). Returns 0 when func has no such algorithm. */
@@ -27,19 +21,19 @@ static int costTerms(int func, int algo, int n, double* hops, double* data) {
   if (gcommSchedAlgo(func, algo) != algo) return 0;
   switch (func) {
     case gcommFuncAllReduce:
-      *hops = algo == gcommAlgoRing ? 2 * (n - 1) : algo == gcommAlgoTree ? 2 * log2Up(n) : 2;
+      *hops = algo == gcommAlgoRing ? 2 * (n - 1) : algo == gcommAlgoTree ? 2 * gcommLog2(n) : 2;
       *data = algo == gcommAlgoRing || algo == gcommAlgoTwoShot ? 4.0 * (n - 1) / n
               : algo == gcommAlgoTree                           ? 4
                                                                 : 2.0 * (n - 1);
       break;
     case gcommFuncBroadcast:
     case gcommFuncReduce:
-      *hops = algo == gcommAlgoRing ? n - 1 : algo == gcommAlgoTree ? log2Up(n) : 1;
+      *hops = algo == gcommAlgoRing ? n - 1 : algo == gcommAlgoTree ? gcommLog2(n) : 1;
       *data = algo == gcommAlgoRing ? 2 : algo == gcommAlgoTree ? 3 : n - 1;
       break;
     case gcommFuncAllGather:
     case gcommFuncReduceScatter:
-      *hops = algo == gcommAlgoRing ? n - 1 : 1;
+      *hops = algo == gcommAlgoRing ? n - 1 : algo == gcommAlgoRecDbl ? gcommLog2(n) : 1;
       *data = (algo == gcommAlgoRing ? 2.0 : 3.0) * (n - 1) / n;
       break;
     default:
@@ -99,8 +93,9 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   double bestUs = predictUs(func, best, comm->nranks, (double)bytes);
   for (int a = 0; a < gcommNumAlgos; a++) {
     double us = predictUs(func, a, comm->nranks, (double)bytes);
-    /* two-shot only when forced (GCOMM_ALGO=twoshot) until it is measured */
-    if (us >= 0 && us < bestUs && a != gcommAlgoTwoShot) best = a, bestUs = us;
+    /* two-shot and recursive doubling only when forced (GCOMM_ALGO) until they are measured */
+    if (us >= 0 && us < bestUs && a != gcommAlgoTwoShot && a != gcommAlgoRecDbl)
+      best = a, bestUs = us;
   }
   return best;
 }

@@ -42,7 +42,7 @@ BUFFERS = {
     "gather": (lambda c, n: (c, n * c), True),
     "scatter": (lambda c, n: (n * c, c), True),
 }
-ALGOS = ["ring", "tree", "direct", "twoshot"]
+ALGOS = ["ring", "tree", "direct", "twoshot", "recdbl"]
 PER_RANK = {"allgather", "reducescatter", "alltoall", "gather", "scatter"}
 
 
@@ -246,10 +246,13 @@ def check_one(tool, coll, algo, n, count, chunk, root):
 
 
 # (count, chunk, rank counts, roots of n ranks): the default (one round, a block per rank) on
-# every rank count and root first, middle and last; several rounds of uneven blocks; more rounds
-# than a FIFO has slots
+# every rank count and root first, middle and last; a slot of 4 elements (recursive doubling runs
+# on 2, 4 and 8 ranks, direct on the others); several rounds of uneven blocks; more rounds than a
+# FIFO has slots; recursive doubling's largest group filling a slot exactly
 SIZES = [
     (0, 0, range(1, MAX_RANKS + 1), lambda n: sorted({0, n // 2, n - 1})),
+    (0, 4, range(1, MAX_RANKS + 1), lambda n: [n - 1]),
+    (7, 28, (2, 4, 8), lambda n: [n - 1]),
     (7, 3, (3, 5, 8), lambda n: [n - 1]),
     (20, 2, (3, 5, 8), lambda n: [n - 1]),
 ]
@@ -257,12 +260,14 @@ SIZES = [
 
 def falls_back(tool, coll, algo):
     """The algorithm gcomm runs instead of algo for coll, or None when it runs algo. Its schedule
-    (checked under its own name) must be the one printed for algo."""
-    text = steps_of(tool, coll, algo, 5)
+    (checked under its own name) must be the one printed for algo. Four ranks with a slot of four
+    elements: where recursive doubling fits."""
+    text = steps_of(tool, coll, algo, 4, chunk=4)
     ran = header(text)["algorithm"]
     if ran == algo:
         return None
-    if ran not in ALGOS or text.split("\n", 1)[1] != steps_of(tool, coll, ran, 5).split("\n", 1)[1]:
+    same = steps_of(tool, coll, ran, 4, chunk=4).split("\n", 1)[1]
+    if ran not in ALGOS or text.split("\n", 1)[1] != same:
         raise Wrong("says it runs %s, but prints another schedule than %s's" % (ran, ran))
     return ran
 

@@ -37,7 +37,7 @@
 
 #define N(a) (int)(sizeof(a) / sizeof((a)[0]))
 
-enum { RING = 1, TREE = 2, DIRECT = 4, TWOSHOT = 8 };
+enum { RING = 1, TREE = 2, DIRECT = 4, TWOSHOT = 8, RECDBL = 16 };
 
 typedef enum {
   ALLREDUCE,
@@ -67,7 +67,7 @@ static const Coll colls[NCOLLS] = {
     [ALLREDUCE] = {"allreduce", 1, 0, RING | TREE | DIRECT | TWOSHOT, 1, 0, 0, 0, 0},
     [BROADCAST] = {"broadcast", 0, 1, RING | TREE | DIRECT, 1, 0, 0, 0, 0},
     [REDUCE] = {"reduce", 1, 1, RING | TREE | DIRECT, 1, 0, 0, 0, 1},
-    [ALLGATHER] = {"allgather", 0, 0, RING | DIRECT, 1, 0, 1, 0, 0},
+    [ALLGATHER] = {"allgather", 0, 0, RING | DIRECT | RECDBL, 1, 0, 1, 0, 0},
     [REDUCESCATTER] = {"reducescatter", 1, 0, RING | DIRECT, 1, 1, 0, 0, 0},
     [ALLTOALL] = {"alltoall", 0, 0, 0, 1, 1, 1, 0, 0},
     [GATHER] = {"gather", 0, 1, 0, 1, 0, 1, 0, 1},
@@ -773,6 +773,10 @@ int main(int argc, char** argv) {
       {"direct/poll", DIRECT, "GCOMM_ALGO=direct", GCOMM_PROXY_POLL, 0,
        SMALL | LARGE | REAL | ROUND},
       {"twoshot", TWOSHOT, "GCOMM_ALGO=twoshot", -1, 0, SMALL | LARGE | REAL | ROUND},
+      /* recursive doubling on 2^k ranks where n/2 blocks fit a slot (small), direct elsewhere */
+      {"recdbl", RECDBL, "GCOMM_ALGO=recdbl", -1, 0, SMALL | LARGE},
+      {"recdbl/4k/poll", RECDBL, "GCOMM_ALGO=recdbl GCOMM_BUFFSIZE=4096", GCOMM_PROXY_POLL, 0,
+       SMALL},
       {"auto", 0, "", -1, 1, SMALL | MPICMP},
       {"ring/4k/1ch/poll", RING, "GCOMM_ALGO=ring GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=1",
        GCOMM_PROXY_POLL, 0, PIPE},

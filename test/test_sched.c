@@ -228,7 +228,7 @@ static void runCase(Case* c, size_t chunk, size_t align, int nChannels, uint64_t
 static const char* const funcNames[] = {"AllReduce", "Broadcast",     "Reduce",
                                         "AllGather", "ReduceScatter", "AllToAll",
                                         "Gather",    "Scatter",       "Send/Recv"};
-static const char* const algoNames[] = {"ring", "tree", "direct", "twoshot"};
+static const char* const algoNames[] = {"ring", "tree", "direct", "twoshot", "recdbl"};
 
 int main(int argc, char** argv) {
   tlInit(&argc, &argv);

@@ -47,7 +47,7 @@ static const struct {
 };
 #define NCOLLS ((int)(sizeof(colls) / sizeof(colls[0])))
 /* the names GCOMM_ALGO takes, in gcommAlgo_t's order */
-static const char* const algoNames[gcommNumAlgos] = {"ring", "tree", "direct", "twoshot"};
+static const char* const algoNames[gcommNumAlgos] = {"ring", "tree", "direct", "twoshot", "recdbl"};
 
 typedef struct {
   int coll, algo, n, root, steps;
@@ -307,7 +307,9 @@ static void printHeader(const schedule_t* s) {
   for (int r = 0; r < o->n; r++)
     if (s->first[r + 1] - s->first[r] > most) most = s->first[r + 1] - s->first[r];
   printf("# %s on %d ranks, algorithm %s", colls[o->coll].title, o->n, algoNames[s->algo]);
-  if (s->algo != o->algo)
+  if (s->algo != o->algo && gcommSchedAlgo(colls[o->coll].func, o->algo) == o->algo)
+    printf(" (%s does not fit: it needs 2^k ranks and n/2 blocks in a chunk)", algoNames[o->algo]);
+  else if (s->algo != o->algo)
     printf(" (%s has no %s: gcomm runs this)", colls[o->coll].name, algoNames[o->algo]);
   printf(": %ld round%s, a rank runs at most %ld step%s\n", s->nRounds, s->nRounds == 1 ? "" : "s",
          most, most == 1 ? "" : "s");
@@ -598,8 +600,8 @@ static int usage(const char* why) {
           "usage: gcomm_schedule --coll C --algo A -n N [--count N] [--chunk N] [--root R]\n"
           "                      [--svg FILE] [--steps]\n"
           "  --coll    allreduce broadcast reduce allgather reducescatter alltoall gather scatter\n"
-          "  --algo    ring tree direct (oneshot) twoshot: as GCOMM_ALGO; a collective without it\n"
-          "            runs the one gcomm falls back to, as the header line says\n"
+          "  --algo    ring tree direct (oneshot) twoshot recdbl: as GCOMM_ALGO; a collective\n"
+          "            without it runs the one gcomm falls back to, as the header line says\n"
           "  -n        ranks (1-%d)\n"
           "  --count   elements: the whole buffer (allreduce, broadcast, reduce) or each rank's\n"
           "            block (the others); default n, or 1 for per-rank blocks\n"
@@ -675,6 +677,8 @@ int main(int argc, char** argv) {
   int rc = parseArgs(argc, argv, &s.o);
   if (rc) return rc == 1 ? 0 : rc;
   s.algo = gcommSchedAlgo(colls[s.o.coll].func, s.o.algo);
+  gcommSched_t g = schedOf(&s, 0);
+  s.algo = gcommSchedChannelAlgo(&g); /* recursive doubling where it fits */
   if (loadSteps(&s) != 0 || play(&s) != 0) {
     free(s.cells);
     return 1;
