@@ -192,7 +192,7 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
 
 /* A local peer that no longer exists will never fill or drain its FIFOs. Only a process of this
  * very machine can be probed (GCOMM_HOSTID nodes may share one): compare real host names. */
-static int peerIsDead(gcommComm_t comm, int peer) {
+int gcommPeerIsDead(gcommComm_t comm, int peer) {
   if (strcmp(comm->cards[peer].host, comm->cards[comm->rank].host) != 0) return 0;
   return gcommProcessIsDead(comm->cards[peer].pid);
 }
@@ -211,7 +211,7 @@ static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, ui
            gcommFuncNames[op->func], (unsigned long long)op->seq, w->lane, w->step, w->nSteps,
            (unsigned long long)waitedMs, w->waitRecv ? "receive from" : "send to", w->waitPeer);
   if (phase == PROBE_DEATH)
-    return peerIsDead(comm, q)
+    return gcommPeerIsDead(comm, q)
                ? gcommSetError(comm, gcommRemoteError, q, "progress", "%s: rank %d has died", at, q)
                : gcommSuccess;
   gcommStatus_t* st = gcommShmStatus(comm, q);
@@ -235,7 +235,8 @@ static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, ui
   char msg[sizeof(st->msg)];
   memcpy(msg, st->msg, sizeof(msg));
   msg[sizeof(msg) - 1] = 0;
-  return gcommSetError(comm, code == gcommInvalidUsage ? gcommInvalidUsage : gcommRemoteError, q,
+  int keep = code == gcommInvalidUsage || code == gcommRevoked; /* else the peer's failure */
+  return gcommSetError(comm, keep ? (gcommResult_t)code : gcommRemoteError, q,
                        "progress", "%s: rank %d stopped: %s", at, q, msg);
 }
 
@@ -253,6 +254,7 @@ static void noteCurrent(gcommComm_t comm, const gcommWork_t* w) {
  * or the deadline passed. */
 static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int isRecv) {
   uint64_t now = gcommNowNs();
+  if (gcommRevokeSeen(comm)) return gcommRevoked; /* gcommStop recorded who revoked it */
   const char* lost =
       (isRecv ? recvConn(comm, w->lane, peer) : sendConn(comm, w->lane, peer))->netFailure;
   if (lost != NULL) return gcommSetError(comm, gcommRemoteError, peer, "progress", "%s", lost);

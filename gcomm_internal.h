@@ -351,6 +351,15 @@ struct gcommComm {
   gcommResult_t (*netFence)(gcommComm_t comm);
 #endif
 
+  /* Exchanges without MPI (gcomm_agree.c): a communicator made by gcommCommShrink has no MPI
+   * communicator (mpiComm is MPI_COMM_NULL) and sets itself up through boot, the status pages of
+   * its parent, then of its own segments. The transports' exchanges at setup go through allgather
+   * (MPI's, or the pages'). pageRounds: exchanges made so far over this communicator's pages;
+   * shrinkSeq: its gcommCommShrink calls so far. */
+  struct gcommBoot* boot;
+  gcommResult_t (*allgather)(gcommComm_t comm, const void* mine, size_t bytes, void* all);
+  uint64_t pageRounds, shrinkSeq;
+
   /* progress engine */
   pthread_mutex_t postLock;
   pthread_cond_t postCond; /* posted work or stop, for the sleeping progress thread */
@@ -373,6 +382,7 @@ struct gcommComm {
   int standby;    /* the progress thread sleeps while drivers run passes (under postLock) */
   int abortFlag;  /* atomic */
   int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
+  int revokedBy;  /* the rank whose gcommCommRevoke stopped it (once asyncError is gcommRevoked) */
   uint64_t collSeq;
   uint64_t livenessNs; /* when the engine last probed the local ranks' pids */
 
@@ -403,11 +413,25 @@ struct gcommComm {
  * collective channel is in (a rank at the same sequence number in a different call is a
  * mismatch even when no data can flow, e.g. two ranks that both think they are the root). */
 #define GCOMM_STATUS_LANES GCOMM_MAX_CHANNELS /* one per collective channel */
+/* The page also carries what the ranks of a node exchange without MPI (gcomm_agree.c): which
+ * gcommCommShrink of the communicator the rank has reached, and a mailbox of two boxes, one per
+ * exchange parity: exchange k writes box k % 2, and a rank writes exchange k + 2 only after every
+ * rank has posted k + 1, that is has finished reading k. */
+#define GCOMM_BOX_BYTES 1024
+typedef struct {
+  volatile uint64_t round; /* the exchange whose data the box holds (written after it) */
+  volatile uint64_t bytes;
+  char data[GCOMM_BOX_BYTES];
+} gcommBox_t;
 typedef struct {
   volatile int code;     /* 0, or the gcommResult_t that stopped the rank (written after msg) */
   volatile int finished; /* the rank destroyed the communicator after all its work succeeded */
   char msg[504];
   volatile uint64_t current[GCOMM_STATUS_LANES]; /* (seq + 1) << 32 | tag, 0: none yet */
+  volatile int revoked;       /* gcommCommRevoke reached this rank (whatever code says) */
+  volatile uint64_t shrinkSeq; /* the gcommCommShrink of this communicator the rank is in */
+  volatile int excludedBy;     /* 1 + the survivor whose shrink left this rank out, or 0 */
+  gcommBox_t box[2];
 } gcommStatus_t;
 
 /* ---- Shared-memory transport (transports/shm.c) ---- */
