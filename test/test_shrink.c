@@ -259,10 +259,12 @@ static int killRun(int victim) {
   for (int r = 0; r < tlNranks && r < 64; r++)
     if (r != victim) survivors[n++] = r;
   gcommComm_t small = NULL;
+  double tShrink = tErr;
   if (ok) {
     res = gcommCommShrink(comm, &victim, autoExclude ? 0 : 1, &small, NULL, GCOMM_SHRINK_ABORT);
     ok = res == gcommSuccess;
     if (!ok) snprintf(why, sizeof(why), "shrink: %s", gcommGetLastError(comm));
+    tShrink = tlNow() - t0;
   }
   if (ok) ok = !allReducesRight(small, survivors, n, why, sizeof(why));
   double tDone = tlNow() - t0;
@@ -270,10 +272,10 @@ static int killRun(int victim) {
   if (gcommCommDestroy(comm) != gcommSuccess) ok = 0;
   snprintf(line, sizeof(line),
            "%s shrink: rank %d of %d: rank %d killed %d ms into a 32 MiB all-reduce; error after "
-           "%.3f s, shrunk%s to %d ranks, %d all-reduces right, %.3f s after the all-reduce "
-           "began%s%s\n",
+           "%.3f s, shrunk%s to %d ranks at %.3f s, %d all-reduces right at %.3f s (from the "
+           "all-reduce's start)%s%s\n",
            ok ? "PASS" : "FAIL", tlRank, tlNranks, victim, afterMs, tErr,
-           autoExclude ? " (dead rank found, none listed)" : "", n, ok ? ITERS : 0, tDone,
+           autoExclude ? " (dead rank found, none listed)" : "", n, tShrink, ok ? ITERS : 0, tDone,
            ok ? "" : ": ", why);
   report(dir, line);
   free(big);
