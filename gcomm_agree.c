@@ -57,8 +57,8 @@ static gcommResult_t pagesExchange(gcommComm_t comm, gcommComm_t pc, const int* 
                                    int me, const void* mine, size_t bytes, void* all,
                                    const char* what) {
   if (bytes > GCOMM_BOX_BYTES)
-    return GCOMM_ERROR(comm, gcommInternalError, -1, "%s: %zu bytes exceed a box (%d)", what,
-                       bytes, GCOMM_BOX_BYTES);
+    return GCOMM_ERROR(comm, gcommInternalError, -1, "%s: %zu bytes exceed a box (%d)", what, bytes,
+                       GCOMM_BOX_BYTES);
   uint64_t round = ++pc->pageRounds;
   gcommBox_t* box = &gcommShmStatus(pc, ranks[me])->box[round % 2];
   memcpy(box->data, mine, bytes);
@@ -88,16 +88,16 @@ static gcommResult_t pagesExchange(gcommComm_t comm, gcommComm_t pc, const int* 
 gcommResult_t gcommAllgather(gcommComm_t comm, const void* mine, size_t bytes, void* all) {
   struct gcommBoot* b = comm->boot;
   if (b == NULL) {
-    MPI_CHECK(comm, MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE,
-                                  comm->mpiComm));
+    MPI_CHECK(comm,
+              MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, comm->mpiComm));
     return gcommSuccess;
   }
   return pagesExchange(comm, b->pages, b->pageRank, b->nranks, b->rank, mine, bytes, all,
                        "setup exchange");
 }
 
-gcommResult_t gcommBootFromPages(gcommComm_t comm, gcommComm_t pages, const int* pageRank,
-                                 int rank, int nranks) {
+gcommResult_t gcommBootFromPages(gcommComm_t comm, gcommComm_t pages, const int* pageRank, int rank,
+                                 int nranks) {
   struct gcommBoot* b = calloc(1, sizeof(*b) + (size_t)nranks * sizeof(int));
   if (b == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   b->pages = pages;
@@ -151,8 +151,7 @@ static gcommResult_t compareSets(gcommComm_t comm, const unsigned char* excl, co
       return GCOMM_ERROR(comm, gcommInvalidUsage, ranks[i],
                          "gcommCommShrink: rank %d %s rank %d, which this rank %s: every "
                          "survivor must exclude the same ranks",
-                         ranks[i], theirs ? "excludes" : "keeps", q,
-                         theirs ? "keeps" : "excludes");
+                         ranks[i], theirs ? "excludes" : "keeps", q, theirs ? "keeps" : "excludes");
     }
   return gcommSuccess;
 }
@@ -183,8 +182,8 @@ gcommResult_t gcommAgreeSurvivors(gcommComm_t comm, unsigned char* excl, int* su
     if (!excl[q]) survivors[(*n)++] = q;
   }
   /* a rank that dies now fails the exchange: each caller may try again, excluding it */
-  gcommResult_t res = pagesExchange(comm, comm, survivors, *n, me, buf, maskBytes,
-                                    buf + maskBytes, "gcommCommShrink's agreement");
+  gcommResult_t res = pagesExchange(comm, comm, survivors, *n, me, buf, maskBytes, buf + maskBytes,
+                                    "gcommCommShrink's agreement");
   if (res == gcommSuccess) res = compareSets(comm, excl, survivors, *n, buf + maskBytes, maskBytes);
   for (int q = 0; q < comm->nranks && res == gcommSuccess; q++)
     if (excl[q] && gcommShmStatus(comm, q) != NULL)

@@ -169,7 +169,7 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
 /* The build's transports, in setup order, before any of them makes anything: a failed setup
  * frees whatever each made (commFree). The network asks the core where a receive may land. */
 static void addTransports(gcommComm_t comm) {
-  comm->allgather = gcommAllgather; /* the transports' exchanges at setup */
+  comm->allgather = gcommAllgather; /* the exchanges at setup of the transports and the base */
   comm->transports[comm->nTransports++] = &gcommShmTransport;
 #ifdef GCOMM_OFI
   comm->transports[comm->nTransports++] = &gcommNetTransport;

@@ -109,8 +109,8 @@ struct gcommBoot {
  * same over status pages (a deadline on each rank, a death named). Collective. */
 gcommResult_t gcommAllgather(gcommComm_t comm, const void* mine, size_t bytes, void* all);
 /* comm (not set up yet) will exchange over the pages of pages, its rank r being pageRank[r]. */
-gcommResult_t gcommBootFromPages(gcommComm_t comm, gcommComm_t pages, const int* pageRank,
-                                 int rank, int nranks);
+gcommResult_t gcommBootFromPages(gcommComm_t comm, gcommComm_t pages, const int* pageRank, int rank,
+                                 int nranks);
 /* Once comm's own segments are mapped: its exchanges go over its own pages. */
 void gcommBootOwnPages(gcommComm_t comm);
 /* gcommCommShrink's meeting: excl[q] (1: excluded by the caller) gains the ranks found dead;

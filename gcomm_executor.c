@@ -236,8 +236,8 @@ static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, ui
   memcpy(msg, st->msg, sizeof(msg));
   msg[sizeof(msg) - 1] = 0;
   int keep = code == gcommInvalidUsage || code == gcommRevoked; /* else the peer's failure */
-  return gcommSetError(comm, keep ? (gcommResult_t)code : gcommRemoteError, q,
-                       "progress", "%s: rank %d stopped: %s", at, q, msg);
+  return gcommSetError(comm, keep ? (gcommResult_t)code : gcommRemoteError, q, "progress",
+                       "%s: rank %d stopped: %s", at, q, msg);
 }
 
 static void noteCurrent(gcommComm_t comm, const gcommWork_t* w) {
@@ -254,7 +254,6 @@ static void noteCurrent(gcommComm_t comm, const gcommWork_t* w) {
  * or the deadline passed. */
 static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int isRecv) {
   uint64_t now = gcommNowNs();
-  if (gcommRevokeSeen(comm)) return gcommRevoked; /* gcommStop recorded who revoked it */
   const char* lost =
       (isRecv ? recvConn(comm, w->lane, peer) : sendConn(comm, w->lane, peer))->netFailure;
   if (lost != NULL) return gcommSetError(comm, gcommRemoteError, peer, "progress", "%s", lost);

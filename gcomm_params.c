@@ -468,7 +468,7 @@ gcommResult_t gcommParamsAgree(gcommComm_t comm) {
     if (paramTable[i].shared) idx[k] = i, mine[k] = paramValue(&comm->params, &paramTable[i]), k++;
   int64_t* all = malloc((size_t)n * k * sizeof(int64_t));
   if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  gcommResult_t res = gcommAllgather(comm, mine, (size_t)k * sizeof(int64_t), all);
+  gcommResult_t res = comm->allgather(comm, mine, (size_t)k * sizeof(int64_t), all);
   for (int r = 1; r < n && res == gcommSuccess; r++)
     for (int j = 0; j < k && res == gcommSuccess; j++) {
       if (all[(size_t)r * k + j] == all[j]) continue;

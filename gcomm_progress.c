@@ -272,6 +272,9 @@ int gcommProgressPass(gcommComm_t comm) {
       return 1;
     }
   }
+  /* work that waits (on a peer the revoke stopped, maybe) looks for a revoke: the next pass stops
+   */
+  if (!moved && comm->nActiveWorks > 0 && gcommRevokeSeen(comm)) return 1;
   return moved;
 }
 

@@ -94,10 +94,9 @@ gcommResult_t gcommCommShrink(gcommComm_t comm, const int* excludeRanks, int nEx
   GCOMM_CHECK(gcommCheckComm(comm, __func__));
   unsigned char* excl = calloc((size_t)comm->nranks, 1);
   int* survivors = calloc((size_t)comm->nranks, sizeof(int));
-  gcommResult_t res = excl && survivors
-                          ? checkShrinkArgs(comm, excludeRanks, nExclude, newcomm, config, flags,
-                                            excl)
-                          : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  gcommResult_t res = excl && survivors ? checkShrinkArgs(comm, excludeRanks, nExclude, newcomm,
+                                                          config, flags, excl)
+                                        : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   if (res == gcommSuccess) res = settleWork(comm, flags);
   int n = 0;
   if (res == gcommSuccess) res = gcommAgreeSurvivors(comm, excl, survivors, &n);
@@ -106,10 +105,10 @@ gcommResult_t gcommCommShrink(gcommComm_t comm, const int* excludeRanks, int nEx
   int me = 0;
   while (me < n && survivors[me] != comm->rank) me++;
   if (res == gcommSuccess) {
-    GCOMM_INFO(GCOMM_SUBSYS_INIT, comm, "gcommCommShrink: %d of %d ranks go on; this one as %d",
-               n, comm->nranks, me);
-    res = gcommCommCreate(newcomm, MPI_COMM_NULL, config ? config : &inherited, comm, survivors,
-                          me, n);
+    GCOMM_INFO(GCOMM_SUBSYS_INIT, comm, "gcommCommShrink: %d of %d ranks go on; this one as %d", n,
+               comm->nranks, me);
+    res = gcommCommCreate(newcomm, MPI_COMM_NULL, config ? config : &inherited, comm, survivors, me,
+                          n);
   }
   free(excl);
   free(survivors);

@@ -177,12 +177,18 @@ static int parse(int argc, char** argv, options_t* o) {
   *o = (options_t){128, 4000, 200, -1, -1};
   for (int i = 1; i + 1 < argc; i += 2) {
     long v = atol(argv[i + 1]);
-    if (!strcmp(argv[i], "--n")) o->n = v;
-    else if (!strcmp(argv[i], "--iters")) o->iters = v;
-    else if (!strcmp(argv[i], "--checkpoint")) o->every = v;
-    else if (!strcmp(argv[i], "--kill-rank")) o->killRank = v;
-    else if (!strcmp(argv[i], "--kill-iter")) o->killIter = v;
-    else return 0;
+    if (!strcmp(argv[i], "--n"))
+      o->n = v;
+    else if (!strcmp(argv[i], "--iters"))
+      o->iters = v;
+    else if (!strcmp(argv[i], "--checkpoint"))
+      o->every = v;
+    else if (!strcmp(argv[i], "--kill-rank"))
+      o->killRank = v;
+    else if (!strcmp(argv[i], "--kill-iter"))
+      o->killIter = v;
+    else
+      return 0;
   }
   return o->n > 0 && o->iters > 0 && o->every > 0;
 }
@@ -225,8 +231,9 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &s.size);
   if (!parse(argc, argv, &o) || o.n < s.size) {
     if (s.rank == 0)
-      fprintf(stderr, "usage: shrink_solver [--n N >= ranks] [--iters I] [--checkpoint K] "
-                      "[--kill-rank R --kill-iter I]\n");
+      fprintf(stderr,
+              "usage: shrink_solver [--n N >= ranks] [--iters I] [--checkpoint K] "
+              "[--kill-rank R --kill-iter I]\n");
     MPI_Finalize();
     return 2;
   }
@@ -253,10 +260,11 @@ int main(int argc, char** argv) {
   if (!failed && s.rank == 0) {
     double* ref = serial(o.n, o.iters);
     same = memcmp(&full[1], &ref[1], (size_t)o.n * sizeof(double)) == 0;
-    printf("%s shrink_solver: %ld points, %ld iterations on %d of %d ranks: u[n/2] = %.17g, %s "
-           "the serial run\n",
-           same ? "PASS" : "FAIL", o.n, o.iters, s.size, worldSize, full[o.n / 2],
-           same ? "bitwise equal to" : "DIFFERENT from");
+    printf(
+        "%s shrink_solver: %ld points, %ld iterations on %d of %d ranks: u[n/2] = %.17g, %s "
+        "the serial run\n",
+        same ? "PASS" : "FAIL", o.n, o.iters, s.size, worldSize, full[o.n / 2],
+        same ? "bitwise equal to" : "DIFFERENT from");
     free(ref);
     fflush(stdout);
   }

@@ -73,8 +73,8 @@ static void expectCode(gcommResult_t got, gcommResult_t want, const char* what) 
 static void badArguments(gcommComm_t comm) {
   int n = tlNranks, bad[2] = {0, 0};
   gcommComm_t out = (gcommComm_t)&n; /* must become NULL */
-  expectCode(gcommCommShrink(comm, NULL, 0, NULL, NULL, GCOMM_SHRINK_DEFAULT),
-             gcommInvalidArgument, "newcomm NULL");
+  expectCode(gcommCommShrink(comm, NULL, 0, NULL, NULL, GCOMM_SHRINK_DEFAULT), gcommInvalidArgument,
+             "newcomm NULL");
   expectCode(gcommCommShrink(comm, NULL, 0, &out, NULL, 7), gcommInvalidArgument, "flags 7");
   if (out != NULL) tlFail("a refused shrink left *newcomm set");
   expectCode(gcommCommShrink(comm, NULL, -1, &out, NULL, 0), gcommInvalidArgument, "nExclude -1");
@@ -88,8 +88,7 @@ static void badArguments(gcommComm_t comm) {
   expectCode(gcommCommShrink(comm, bad, 1, &out, NULL, 0), gcommInvalidArgument, "self excluded");
   if (n > 2) {
     bad[0] = bad[1] = (tlRank + 1) % n;
-    expectCode(gcommCommShrink(comm, bad, 2, &out, NULL, 0), gcommInvalidArgument,
-               "a rank twice");
+    expectCode(gcommCommShrink(comm, bad, 2, &out, NULL, 0), gcommInvalidArgument, "a rank twice");
   }
   gcommConfig_t cfg = GCOMM_CONFIG_INITIALIZER;
   cfg.magic = 0;
@@ -148,9 +147,10 @@ static void shrinkDefault(gcommComm_t comm) {
     expectCode(gcommCommShrink(comm, NULL, 0, &small, NULL, 0), gcommInvalidUsage,
                "the excluded rank's own shrink");
   if (allReducesRight(comm, members, n, why, sizeof(why))) tlFail("the old one after: %s", why);
-  tlReport("gcommCommShrink DEFAULT: the last rank excluded and absent, %d ranks go on; the old "
-           "communicator still works; the excluded rank's later shrink is refused",
-           keep);
+  tlReport(
+      "gcommCommShrink DEFAULT: the last rank excluded and absent, %d ranks go on; the old "
+      "communicator still works; the excluded rank's later shrink is refused",
+      keep);
   free(members);
 }
 
@@ -170,7 +170,8 @@ static void revokeThenShrink(void) {
     gcommResult_t res = gcommAllReduce(x, x, 64, gcommInt32, gcommSum, comm, NULL);
     if (res == gcommSuccess) res = gcommWait(comm, NULL);
     expectCode(res, gcommRevoked, "a wait on the revoked communicator");
-    if (!strstr(gcommGetLastError(comm), "rank 0")) tlFail("no rank 0 in: %s", gcommGetLastError(comm));
+    if (!strstr(gcommGetLastError(comm), "rank 0"))
+      tlFail("no rank 0 in: %s", gcommGetLastError(comm));
   } else {
     tlSleepMs(300);
     gcommResult_t async = gcommSuccess;
@@ -253,8 +254,9 @@ static int killRun(int victim) {
   char want[32], why[600] = "", line[1600];
   snprintf(want, sizeof(want), "rank %d", victim);
   int ok = res != gcommSuccess && strstr(gcommGetLastError(comm), want) != NULL;
-  if (!ok) snprintf(why, sizeof(why), "the wait returned %s: %s", gcommGetErrorString(res),
-                    gcommGetLastError(comm));
+  if (!ok)
+    snprintf(why, sizeof(why), "the wait returned %s: %s", gcommGetErrorString(res),
+             gcommGetLastError(comm));
   int survivors[64], n = 0;
   for (int r = 0; r < tlNranks && r < 64; r++)
     if (r != victim) survivors[n++] = r;
