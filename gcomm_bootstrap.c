@@ -170,6 +170,7 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
  * frees whatever each made (commFree). The network asks the core where a receive may land. */
 static void addTransports(gcommComm_t comm) {
   comm->allgather = gcommAllgather; /* the exchanges at setup of the transports and the base */
+  comm->revokedResult = gcommRevokedResult; /* the GPU engine's waits */
   comm->transports[comm->nTransports++] = &gcommShmTransport;
 #ifdef GCOMM_OFI
   comm->transports[comm->nTransports++] = &gcommNetTransport;

@@ -140,6 +140,8 @@ void gcommStop(gcommComm_t comm, gcommResult_t res);
 /* Whether comm is revoked, here or (seen now on their status pages) by a rank of this node: the
  * first sight stops comm with gcommRevoked and marks this rank's page, so the revoke spreads. */
 int gcommRevokeSeen(gcommComm_t comm);
+/* gcommSuccess, or, when gcommRevokeSeen, the communicator's error recorded at where. */
+gcommResult_t gcommRevokedResult(gcommComm_t comm, const char* where);
 gcommResult_t gcommStartGpuProxy(gcommComm_t comm);
 
 /* ---- gcomm_wait.c ---- */

@@ -291,7 +291,8 @@ gcommResult_t gcommDeviceTest(gcommComm_t comm, void* stream, const char* where)
   if (comm->dev->prof) gcommGpuProfReap(comm, 0);
   gcommResult_t kres = gcommDeviceKernelError(comm, where);
   if (kres != gcommSuccess) return kres;
-  if (gcommRevokeSeen(comm)) return gcommFinalResult(comm, where);
+  gcommResult_t revoked = comm->revokedResult(comm, where);
+  if (revoked != gcommSuccess) return revoked;
   if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE))
     return gcommSetError(comm, gcommAborted, -1, where, "the communicator was aborted");
   /* the network failed (recorded by the progress thread, naming the peer; kernels are aborted) */
@@ -409,8 +410,8 @@ static int waitLaunches(struct gcommDev* d, uint64_t deadline) {
 static gcommResult_t barrierBefore(gcommComm_t comm, uint64_t deadline) {
   if (comm->mpiComm == MPI_COMM_NULL) { /* gcommCommShrink's: its status pages, their deadline */
     char* all = malloc((size_t)comm->nranks);
-    gcommResult_t res = all ? gcommAllgather(comm, "", 1, all)
-                            : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+    gcommResult_t res = all != NULL ? comm->allgather(comm, "", 1, all)
+                                    : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
     free(all);
     return res;
   }

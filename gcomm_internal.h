@@ -358,6 +358,8 @@ struct gcommComm {
    * shrinkSeq: its gcommCommShrink calls so far. */
   struct gcommBoot* boot;
   gcommResult_t (*allgather)(gcommComm_t comm, const void* mine, size_t bytes, void* all);
+  /* gcommSuccess, or (the GPU engine's waits ask) the error of a revoke seen now, at where */
+  gcommResult_t (*revokedResult)(gcommComm_t comm, const char* where);
   uint64_t pageRounds, shrinkSeq;
 
   /* progress engine */

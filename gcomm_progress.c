@@ -454,6 +454,10 @@ gcommResult_t gcommFinalResult(gcommComm_t comm, const char* where) {
   return res; /* the engine already recorded what, where and which peer */
 }
 
+gcommResult_t gcommRevokedResult(gcommComm_t comm, const char* where) {
+  return gcommRevokeSeen(comm) ? gcommFinalResult(comm, where) : gcommSuccess;
+}
+
 static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int drive) {
   uint64_t deadline = gcommNowNs() + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
   uint64_t idleSince = 0;
