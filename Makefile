@@ -210,7 +210,7 @@ ifeq ($(CUDA),1)
 $(BUILD)/test/gpu/%: test/gpu/%.c test/gpu/gpucheck.h $(BUILD)/libgcomm.a $(PUB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
-gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/test/gpu/test_gpu_stress $(BUILD)/gcomm_perf $(PLUGINS)
+gpu-test: $(BUILD)/test/gpu/test_gpu $(BUILD)/test/gpu/test_gpu_fault $(BUILD)/test/gpu/test_gpu_shrink $(BUILD)/test/gpu/test_gpu_stress $(BUILD)/gcomm_perf $(PLUGINS)
 .PHONY: gpu-test
 endif
 

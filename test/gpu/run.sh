@@ -43,6 +43,7 @@ KEEP=(); [ "$KERNELS_PREBUILT" = 1 ] && [ -f $B/obj/gcomm_kernels.o ] && KEEP=(-
 step build 300 make -j"$(nproc)" "${KEEP[@]}" CUDA=1 CUDA_ARCH=90 BUILD=$B MPICC="$MPICC" "${EXTRA[@]}" $NCCLARG gpu-test || exit 1
 want test && step test_${NR}r${NG}g 400 $RUN $NR $B/test/gpu/test_gpu
 want test && step fault_${NR}r 120 $RUN $NR $B/test/gpu/test_gpu_fault   # abort, kernel mismatch, async error
+want test && step shrink_${NR}r 180 $RUN $NR $B/test/gpu/test_gpu_shrink # revoke, shrink
 # the benchmark: gcomm and NCCL through the same harness, one table each, every collective
 PERFBACK=gcomm; [ -n "$NCCLARG" ] && PERFBACK=gcomm,nccl
 want perf && step perf_${NR}r 240 $RUN $NR $B/gcomm_perf --coll all -b 8 -e 64M -f 8 -n 20 -w 5 --backend $PERFBACK
