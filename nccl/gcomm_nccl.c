@@ -17,9 +17,11 @@
  *     counterparts; enums are NCCL 2.2x's values (checked at compile time) translated by table.
  *   - Errors: gcomm's results map to NCCL's; ncclGetLastError returns gcomm's message (what,
  *     where, which peer) of the calling thread.
+ *   - ncclCommShrink and ncclCommRevoke are gcommCommShrink and gcommCommRevoke (the survivors
+ *     on one node; no MPI).
  *   - Not served: NCCL's device API (ncclDevCommCreate), several GPUs in one process
- *     (ncclCommInitAll with ndev > 1, or two ranks of one id in one group) and ncclCommShrink
- *     return ncclInvalidUsage. Buffer and window registration are accepted and ignored: gcomm
+ *     (ncclCommInitAll with ndev > 1, or two ranks of one id in one group) return
+ *     ncclInvalidUsage. Buffer and window registration are accepted and ignored: gcomm
  *     copies through its own FIFOs and needs none.
  */
 #define _GNU_SOURCE
@@ -89,6 +91,7 @@ static ncclResult_t toNccl(gcommResult_t r) {
       return ncclInvalidArgument;
     case gcommInvalidUsage:
     case gcommAborted: /* a call on an aborted communicator */
+    case gcommRevoked: /* a call on a revoked one (NCCL's ncclCommRevoke) */
       return ncclInvalidUsage;
     case gcommDeviceError:
       return ncclUnhandledCudaError;
@@ -537,14 +540,25 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   return NCCL_ERROR(gcommSystemError, "out of memory");
 }
 
+_Static_assert(NCCL_SHRINK_DEFAULT == GCOMM_SHRINK_DEFAULT &&
+                   NCCL_SHRINK_ABORT == GCOMM_SHRINK_ABORT,
+               "NCCL's shrink flags are gcomm's");
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                             ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  (void)comm, (void)excludeRanksList, (void)config, (void)shrinkFlags;
-  if (newcomm != NULL) *newcomm = NULL;
-  return NCCL_ERROR(gcommInvalidUsage,
-                    "ncclCommShrink (%d ranks excluded): not served by gcomm; make the smaller "
-                    "communicator with ncclCommSplit while every rank can call it",
-                    excludeRanksCount);
+  COMM_OR_RETURN(comm, g);
+  gcommConfig_t gconfig;
+  char name[64];
+  if (newcomm == NULL) return NCCL_ERROR(gcommInvalidArgument, "newcomm is NULL");
+  *newcomm = NULL;
+  ncclResult_t res = toConfig(config, &gconfig, name, sizeof(name));
+  if (res != ncclSuccess) return res;
+  gcommComm_t small = NULL;
+  res = toNccl(gcommCommShrink(g, excludeRanksList, excludeRanksCount, &small,
+                               config != NULL ? &gconfig : NULL, shrinkFlags));
+  if (res != ncclSuccess) return res;
+  if ((*newcomm = wrap(small)) != NULL) return ncclSuccess;
+  gcommCommDestroy(small);
+  return NCCL_ERROR(gcommSystemError, "out of memory");
 }
 
 /* gcomm's destroy waits for the communicator's outstanding work itself. */
@@ -572,13 +586,14 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-/* Stops in-flight operations; the communicator must still be destroyed. */
+/* Stops in-flight operations on every rank of the node; the communicator must still be
+ * destroyed (or shrunk). */
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   COMM_OR_RETURN(comm, g);
   if (revokeFlags != NCCL_REVOKE_DEFAULT)
     return NCCL_ERROR(gcommInvalidArgument, "revokeFlags %d is not NCCL_REVOKE_DEFAULT",
                       revokeFlags);
-  return toNccl(gcommCommAbort(g));
+  return toNccl(gcommCommRevoke(g));
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
