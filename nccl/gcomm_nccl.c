@@ -523,21 +523,50 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
 }
 
 /* ---- Communicator lifetime and queries ---- */
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
-                           ncclConfig_t* config) {
-  COMM_OR_RETURN(comm, g);
+/* A communicator made from another (split, shrink), where names the call: *newcomm NULL, the
+ * config converted, then make's result wrapped (a NULL one, a split's NOCOLOR, stays NULL). */
+typedef gcommResult_t (*makeComm_t)(gcommComm_t parent, const gcommConfig_t* config,
+                                    gcommComm_t* out, const void* args);
+static ncclResult_t makeFrom(ncclComm_t comm, ncclComm_t* newcomm, ncclConfig_t* config,
+                             makeComm_t make, const void* args, const char* where) {
+  gcommComm_t g = NULL;
+  ncclResult_t checked = checkComm(comm, where, &g);
+  if (checked != ncclSuccess) return checked;
   gcommConfig_t gconfig;
   char name[64];
   if (newcomm == NULL) return NCCL_ERROR(gcommInvalidArgument, "newcomm is NULL");
   *newcomm = NULL;
   ncclResult_t res = toConfig(config, &gconfig, name, sizeof(name));
   if (res != ncclSuccess) return res;
-  gcommComm_t split = NULL;
-  res = toNccl(gcommCommSplit(g, color, key, &split, config != NULL ? &gconfig : NULL));
-  if (res != ncclSuccess || split == NULL) return res;
-  if ((*newcomm = wrap(split)) != NULL) return ncclSuccess;
-  gcommCommDestroy(split);
+  gcommComm_t made = NULL;
+  res = toNccl(make(g, config != NULL ? &gconfig : NULL, &made, args));
+  if (res != ncclSuccess || made == NULL) return res;
+  if ((*newcomm = wrap(made)) != NULL) return ncclSuccess;
+  gcommCommDestroy(made);
   return NCCL_ERROR(gcommSystemError, "out of memory");
+}
+
+static gcommResult_t makeSplit(gcommComm_t g, const gcommConfig_t* config, gcommComm_t* out,
+                               const void* args) {
+  const int* colorKey = args;
+  return gcommCommSplit(g, colorKey[0], colorKey[1], out, config);
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                           ncclConfig_t* config) {
+  int colorKey[2] = {color, key};
+  return makeFrom(comm, newcomm, config, makeSplit, colorKey, __func__);
+}
+
+typedef struct {
+  const int* exclude;
+  int n, flags;
+} shrinkArgs_t;
+
+static gcommResult_t makeShrink(gcommComm_t g, const gcommConfig_t* config, gcommComm_t* out,
+                                const void* args) {
+  const shrinkArgs_t* a = args;
+  return gcommCommShrink(g, a->exclude, a->n, out, config, a->flags);
 }
 
 _Static_assert(NCCL_SHRINK_DEFAULT == GCOMM_SHRINK_DEFAULT &&
@@ -545,20 +574,8 @@ _Static_assert(NCCL_SHRINK_DEFAULT == GCOMM_SHRINK_DEFAULT &&
                "NCCL's shrink flags are gcomm's");
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                             ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  COMM_OR_RETURN(comm, g);
-  gcommConfig_t gconfig;
-  char name[64];
-  if (newcomm == NULL) return NCCL_ERROR(gcommInvalidArgument, "newcomm is NULL");
-  *newcomm = NULL;
-  ncclResult_t res = toConfig(config, &gconfig, name, sizeof(name));
-  if (res != ncclSuccess) return res;
-  gcommComm_t small = NULL;
-  res = toNccl(gcommCommShrink(g, excludeRanksList, excludeRanksCount, &small,
-                               config != NULL ? &gconfig : NULL, shrinkFlags));
-  if (res != ncclSuccess) return res;
-  if ((*newcomm = wrap(small)) != NULL) return ncclSuccess;
-  gcommCommDestroy(small);
-  return NCCL_ERROR(gcommSystemError, "out of memory");
+  shrinkArgs_t a = {excludeRanksList, excludeRanksCount, shrinkFlags};
+  return makeFrom(comm, newcomm, config, makeShrink, &a, __func__);
 }
 
 /* gcomm's destroy waits for the communicator's outstanding work itself. */
