@@ -53,6 +53,7 @@ static void commFree(gcommComm_t comm) {
   free(comm->recvConns);
   free(comm->queues);
   free(comm->cards);
+  free(comm->localRanks);
   free(comm->boot);
   MPI_Finalized(&finalized);
   if (!finalized && comm->mpiComm != MPI_COMM_NULL) MPI_Comm_free(&comm->mpiComm);

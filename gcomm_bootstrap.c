@@ -312,11 +312,15 @@ static gcommResult_t checkShapeAgrees(gcommComm_t comm, uint64_t hostId) {
 
 /* The connection tables, then every transport's connections, each step agreed by every rank. */
 static gcommResult_t connectTransports(gcommComm_t comm) {
+  comm->localRanks = calloc(comm->nLocal, sizeof(int));
+  for (int r = 0, i = 0; r < comm->nranks && comm->localRanks != NULL; r++)
+    if (comm->cards[r].hostId == comm->cards[comm->rank].hostId && i < comm->nLocal)
+      comm->localRanks[i++] = r;
   comm->sendConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
   comm->recvConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
   comm->nQueues = comm->nChannels + 2 * comm->nranks * comm->nP2pChannels;
   comm->queues = calloc(comm->nQueues, sizeof(gcommQueue_t));
-  gcommResult_t res = comm->sendConns && comm->recvConns && comm->queues
+  gcommResult_t res = comm->sendConns && comm->recvConns && comm->queues && comm->localRanks
                           ? gcommSuccess
                           : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   for (int i = 0; i < comm->nTransports; i++) {

@@ -326,6 +326,7 @@ struct gcommComm {
   uint64_t devicePci; /* GPU communicators: the GPU's PCI domain, bus and device */
   int deviceMps;      /* GPU communicators: this process reaches its GPU through MPS */
   int nLocal;         /* ranks on this node */
+  int* localRanks; /* their ranks, this one's included (the status pages a revoke is read from) */
   gcommCard_t* cards; /* every rank's card */
   char name[64];
   gcommParams_t params;
@@ -384,7 +385,7 @@ struct gcommComm {
   int standby;    /* the progress thread sleeps while drivers run passes (under postLock) */
   int abortFlag;  /* atomic */
   int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
-  int revokedBy;  /* the rank whose gcommCommRevoke stopped it (once asyncError is gcommRevoked) */
+  int revokedBy;  /* atomic: the rank whose gcommCommRevoke stopped it (asyncError gcommRevoked) */
   uint64_t collSeq;
   uint64_t livenessNs; /* when the engine last probed the local ranks' pids */
 

@@ -139,10 +139,11 @@ int gcommRevokeSeen(gcommComm_t comm) {
   gcommStatus_t* mine = gcommShmStatus(comm, comm->rank);
   if (mine == NULL) return 0;
   if (__atomic_load_n(&mine->revoked, __ATOMIC_ACQUIRE)) return 1;
-  for (int q = 0; q < comm->nranks; q++) {
+  for (int i = 0; i < comm->nLocal && comm->localRanks != NULL; i++) {
+    int q = comm->localRanks[i];
     gcommStatus_t* st = q == comm->rank ? NULL : gcommShmStatus(comm, q);
     if (st == NULL || !__atomic_load_n(&st->revoked, __ATOMIC_ACQUIRE)) continue;
-    comm->revokedBy = q;
+    __atomic_store_n(&comm->revokedBy, q, __ATOMIC_RELAXED);
     __atomic_store_n(&mine->revoked, 1, __ATOMIC_RELEASE);
     gcommSetError(comm, gcommRevoked, q, "progress", "rank %d revoked the communicator", q);
     gcommStop(comm, gcommRevoked);
@@ -447,10 +448,11 @@ gcommResult_t gcommFinalResult(gcommComm_t comm, const char* where) {
   if (res == gcommSuccess) return gcommSuccess;
   if (res == gcommAborted)
     return gcommSetError(comm, res, -1, where, "the communicator was aborted");
-  if (res == gcommRevoked)
-    return gcommSetError(comm, res, comm->revokedBy, where,
-                         "the communicator was revoked (gcommCommRevoke on rank %d)",
-                         comm->revokedBy);
+  if (res == gcommRevoked) {
+    int by = __atomic_load_n(&comm->revokedBy, __ATOMIC_RELAXED);
+    return gcommSetError(comm, res, by, where,
+                         "the communicator was revoked (gcommCommRevoke on rank %d)", by);
+  }
   return res; /* the engine already recorded what, where and which peer */
 }
 

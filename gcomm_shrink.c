@@ -22,7 +22,7 @@
 gcommResult_t gcommCommRevoke(gcommComm_t comm) {
   GCOMM_CHECK(gcommCheckComm(comm, __func__));
   gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
-  comm->revokedBy = comm->rank;
+  __atomic_store_n(&comm->revokedBy, comm->rank, __ATOMIC_RELAXED);
   if (st != NULL) __atomic_store_n(&st->revoked, 1, __ATOMIC_RELEASE);
   gcommStop(comm, gcommRevoked);
   return gcommSuccess;
