@@ -76,8 +76,8 @@ const char* gcommGetLastError(gcommComm_t comm);
  * order that differs from rank to rank and mix their data, so another thread's call returns
  * gcommInvalidUsage naming both threads and changes nothing. Any thread may call gcommWait,
  * gcommTest, gcommProgress, gcommCommAbort, gcommCommRevoke, gcommCommGetAsyncError,
- * gcommGetLastError and the queries. Different communicators may be used from different threads at once.
- * A handle is checked against the live communicators: after gcommCommDestroy every call on it
+ * gcommGetLastError and the queries. Different communicators may be used from different threads at
+ * once. A handle is checked against the live communicators: after gcommCommDestroy every call on it
  * (a second destroy included) returns gcommInvalidArgument. */
 
 /* ---- Communicators ---- */
