@@ -72,9 +72,9 @@ const char* gcommGetLastError(gcommComm_t comm);
 
 /* ---- Threads ----
  * A communicator's collective, point-to-point and group calls all come from the thread that
- * created it (gcommCommInitMPI, gcommCommSplit): calls from two threads would be posted in an
- * order that differs from rank to rank and mix their data, so another thread's call returns
- * gcommInvalidUsage naming both threads and changes nothing. Any thread may call gcommWait,
+ * created it (gcommCommInitMPI, gcommCommSplit, gcommCommShrink): calls from two threads would be
+ * posted in an order that differs from rank to rank and mix their data, so another thread's call
+ * returns gcommInvalidUsage naming both threads and changes nothing. Any thread may call gcommWait,
  * gcommTest, gcommProgress, gcommCommAbort, gcommCommRevoke, gcommCommGetAsyncError,
  * gcommGetLastError and the queries. Different communicators may be used from different threads at
  * once. A handle is checked against the live communicators: after gcommCommDestroy every call on it
