@@ -171,6 +171,7 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
 static void addTransports(gcommComm_t comm) {
   comm->allgather = gcommAllgather; /* the exchanges at setup of the transports and the base */
   comm->revokedResult = gcommRevokedResult; /* the GPU engine's waits */
+  comm->deadPeerResult = gcommDeadPeerResult;
   comm->transports[comm->nTransports++] = &gcommShmTransport;
 #ifdef GCOMM_OFI
   comm->transports[comm->nTransports++] = &gcommNetTransport;

@@ -142,6 +142,8 @@ void gcommStop(gcommComm_t comm, gcommResult_t res);
 int gcommRevokeSeen(gcommComm_t comm);
 /* gcommSuccess, or, when gcommRevokeSeen, the communicator's error recorded at where. */
 gcommResult_t gcommRevokedResult(gcommComm_t comm, const char* where);
+/* gcommSuccess, or a rank of this node has died: comm stops with its error, named, at where. */
+gcommResult_t gcommDeadPeerResult(gcommComm_t comm, const char* where);
 gcommResult_t gcommStartGpuProxy(gcommComm_t comm);
 
 /* ---- gcomm_wait.c ---- */

@@ -312,12 +312,20 @@ static void gpuBackoff(uint64_t* idleSince) {
 }
 
 gcommResult_t gcommDeviceWait(gcommComm_t comm, void* stream, const char* where) {
-  uint64_t deadline = gcommNowNs() + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
+  uint64_t start = gcommNowNs(), probed = start;
+  uint64_t deadline = start + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
   uint64_t idleSince = 0;
   for (;;) {
     gcommResult_t r = gcommDeviceTest(comm, stream, where);
     if (r != gcommInProgress) return r;
-    if (gcommNowNs() > deadline)
+    uint64_t now = gcommNowNs();
+    /* as the host executor's probes: a dead local rank ends the wait long before the deadline */
+    if (now - start >= 100000000 && now - probed >= 50000000) {
+      probed = now;
+      r = comm->deadPeerResult(comm, where);
+      if (r != gcommSuccess) return r;
+    }
+    if (now > deadline)
       return gcommSetError(comm, gcommTimeout, -1, where,
                            "the stream's GPU work is not done after GCOMM_TIMEOUT_MS=%lld",
                            (long long)comm->params.timeoutMs);

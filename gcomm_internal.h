@@ -361,6 +361,9 @@ struct gcommComm {
   gcommResult_t (*allgather)(gcommComm_t comm, const void* mine, size_t bytes, void* all);
   /* gcommSuccess, or (the GPU engine's waits ask) the error of a revoke seen now, at where */
   gcommResult_t (*revokedResult)(gcommComm_t comm, const char* where);
+  /* gcommSuccess, or the error of a rank of this node found dead now, which stops comm (a GPU
+   * wait that has lasted 100 ms asks every 50 ms: kernels cannot probe a process) */
+  gcommResult_t (*deadPeerResult)(gcommComm_t comm, const char* where);
   uint64_t pageRounds, shrinkSeq;
 
   /* progress engine */

@@ -460,6 +460,17 @@ gcommResult_t gcommRevokedResult(gcommComm_t comm, const char* where) {
   return gcommRevokeSeen(comm) ? gcommFinalResult(comm, where) : gcommSuccess;
 }
 
+gcommResult_t gcommDeadPeerResult(gcommComm_t comm, const char* where) {
+  for (int i = 0; i < comm->nLocal && comm->localRanks != NULL; i++) {
+    int q = comm->localRanks[i];
+    if (q == comm->rank || !gcommPeerIsDead(comm, q)) continue;
+    gcommResult_t res = gcommSetError(comm, gcommRemoteError, q, where, "rank %d has died", q);
+    gcommStop(comm, res);
+    return res;
+  }
+  return gcommSuccess;
+}
+
 static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int drive) {
   uint64_t deadline = gcommNowNs() + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
   uint64_t idleSince = 0;
