@@ -1,8 +1,9 @@
 /*
- * gcomm.c - gcomm's public API (gcomm.h) and the life of a communicator: create (over MPI),
- * split, abort, destroy, queries, PreMulSum operators, and the entry points of every data call,
- * of groups and of completion. Each entry point checks its arguments (gcomm_args.c) and hands the
- * work to the file that does it. The path of one collective:
+ * gcomm.c - gcomm's public API (gcomm.h) and the life of a communicator: create (over MPI, or over
+ * a shrunk communicator's status pages for gcomm_shrink.c), split, abort, destroy, queries,
+ * PreMulSum operators, and the entry points of every data call, of groups and of completion. Each
+ * entry point checks its arguments (gcomm_args.c) and hands the work to the file that does it. The
+ * path of one collective:
  *
  *   gcommAllReduce -> gcommEnqueue (gcomm_enqueue.c: checks, group-aware) -> gcommChooseAlgo
  *   (gcomm_tuning.c) -> works, one per channel -> posted to the progress engine
@@ -52,6 +53,8 @@ static void commFree(gcommComm_t comm) {
   free(comm->recvConns);
   free(comm->queues);
   free(comm->cards);
+  free(comm->localRanks);
+  free(comm->boot);
   MPI_Finalized(&finalized);
   if (!finalized && comm->mpiComm != MPI_COMM_NULL) MPI_Comm_free(&comm->mpiComm);
   pthread_mutex_destroy(&comm->postLock);
@@ -64,13 +67,16 @@ static void commFree(gcommComm_t comm) {
 }
 
 /* Takes ownership of mpiComm (already private to gcomm). */
-static gcommResult_t commCreate(gcommComm_t* out, MPI_Comm mpiComm, const gcommConfig_t* config) {
+gcommResult_t gcommCommCreate(gcommComm_t* out, MPI_Comm mpiComm, const gcommConfig_t* config,
+                              gcommComm_t pages, const int* pageRank, int rank, int nranks) {
   gcommComm_t comm = calloc(1, sizeof(*comm));
   if (comm == NULL) {
-    MPI_Comm_free(&mpiComm);
+    if (mpiComm != MPI_COMM_NULL) MPI_Comm_free(&mpiComm);
     return GCOMM_ERROR(NULL, gcommSystemError, -1, "out of memory");
   }
   comm->mpiComm = mpiComm;
+  comm->rank = rank;
+  comm->nranks = nranks;
   comm->owner = pthread_self();
   comm->ownerTid = (long)syscall(SYS_gettid);
   pthread_mutex_init(&comm->postLock, NULL);
@@ -79,7 +85,10 @@ static gcommResult_t commCreate(gcommComm_t* out, MPI_Comm mpiComm, const gcommC
   pthread_mutex_init(&comm->doneLock, NULL);
   pthread_cond_init(&comm->doneCond, NULL);
   pthread_mutex_init(&comm->errorLock, NULL);
-  gcommResult_t res = gcommCommSetup(comm, config);
+  gcommResult_t res = mpiComm != MPI_COMM_NULL
+                          ? gcommSuccess
+                          : gcommBootFromPages(comm, pages, pageRank, rank, nranks);
+  if (res == gcommSuccess) res = gcommCommSetup(comm, config);
   if (res == gcommSuccess) res = gcommCommRegister(comm);
   if (res != gcommSuccess) {
     gcommKeepThreadError(comm->lastError);
@@ -105,7 +114,15 @@ gcommResult_t gcommCommInitMPI(gcommComm_t* comm, MPI_Comm mpiComm, const gcommC
   int err = MPI_Comm_dup(mpiComm, &dup);
   if (err != MPI_SUCCESS)
     return GCOMM_ERROR(NULL, gcommSystemError, -1, "MPI_Comm_dup failed (MPI error %d)", err);
-  return commCreate(comm, dup, config);
+  return gcommCommCreate(comm, dup, config, NULL, NULL, 0, 0);
+}
+
+void gcommInheritConfig(gcommComm_t comm, gcommConfig_t* config) {
+  config->proxyMode = comm->params.proxyMode;
+  config->nChannels = comm->nChannels;
+#ifdef GCOMM_GPU
+  config->device = comm->device;
+#endif
 }
 
 gcommResult_t gcommCommSplit(gcommComm_t comm, int color, int key, gcommComm_t* newcomm,
@@ -119,36 +136,25 @@ gcommResult_t gcommCommSplit(gcommComm_t comm, int color, int key, gcommComm_t* 
                        "color %d is negative (use GCOMM_SPLIT_NOCOLOR to join no communicator)",
                        color);
   GCOMM_CHECK(gcommCheckConfig(config));
+  if (comm->mpiComm == MPI_COMM_NULL)
+    return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
+                       "comm was made by gcommCommShrink and has no MPI communicator to split: "
+                       "split the communicator it was shrunk from, or shrink this one");
   gcommConfig_t inherited = GCOMM_CONFIG_INITIALIZER;
   if (config == NULL) {
-    inherited.proxyMode = comm->params.proxyMode;
-    inherited.nChannels = comm->nChannels;
-#ifdef GCOMM_GPU
-    inherited.device = comm->device;
-#endif
+    gcommInheritConfig(comm, &inherited);
     config = &inherited;
   }
   MPI_CHECK(comm,
             MPI_Comm_split(comm->mpiComm, color == GCOMM_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key,
                            &split));
   if (split == MPI_COMM_NULL) return gcommSuccess;
-  return commCreate(newcomm, split, config);
+  return gcommCommCreate(newcomm, split, config, NULL, NULL, 0, 0);
 }
 
 gcommResult_t gcommCommAbort(gcommComm_t comm) {
   GCOMM_CHECK(gcommCheckComm(comm, __func__));
-  /* the error before the flag: a wait that sees the flag returns the error, never success */
-  gcommSetAsyncError(comm, gcommAborted);
-  __atomic_store_n(&comm->abortFlag, 1, __ATOMIC_RELEASE);
-#ifdef GCOMM_GPU
-  gcommDeviceAbort(comm); /* kernels poll it */
-#endif
-  pthread_mutex_lock(&comm->postLock);
-  pthread_cond_signal(&comm->postCond);
-  pthread_mutex_unlock(&comm->postLock);
-  pthread_mutex_lock(&comm->doneLock);
-  pthread_cond_broadcast(&comm->doneCond);
-  pthread_mutex_unlock(&comm->doneLock);
+  gcommStop(comm, gcommAborted);
   return gcommSuccess;
 }
 
@@ -337,7 +343,8 @@ gcommResult_t gcommTest(gcommComm_t comm, gcommStream_t stream) {
                        "stream must be NULL on a host communicator");
   uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
   GCOMM_CHECK(gcommProgress(comm));
-  if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE)) return gcommFinalResult(comm, __func__);
+  if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) || gcommRevokeSeen(comm))
+    return gcommFinalResult(comm, __func__);
   return gcommAllDone(comm, target) ? gcommFinalResult(comm, __func__) : gcommInProgress;
 }
 

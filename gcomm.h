@@ -38,6 +38,8 @@ typedef enum { gcommScalarDevice = 0, gcommScalarHostImmediate = 1 } gcommScalar
 #define GCOMM_PROXY_THREAD 0     /* a progress thread drives the communicator */
 #define GCOMM_PROXY_POLL 1       /* the caller drives it: gcommProgress / gcommWait */
 #define GCOMM_SPLIT_NOCOLOR (-1) /* gcommCommSplit: this rank joins no new communicator */
+#define GCOMM_SHRINK_DEFAULT 0   /* gcommCommShrink: comm is healthy, its work is finished */
+#define GCOMM_SHRINK_ABORT 1     /* gcommCommShrink: abort comm's outstanding work first */
 #define GCOMM_CONFIG_UNDEF_INT INT32_MIN
 #define GCOMM_CONFIG_MAGIC 0x67636f6du
 
@@ -70,12 +72,12 @@ const char* gcommGetLastError(gcommComm_t comm);
 
 /* ---- Threads ----
  * A communicator's collective, point-to-point and group calls all come from the thread that
- * created it (gcommCommInitMPI, gcommCommSplit): calls from two threads would be posted in an
- * order that differs from rank to rank and mix their data, so another thread's call returns
- * gcommInvalidUsage naming both threads and changes nothing. Any thread may call gcommWait,
- * gcommTest, gcommProgress, gcommCommAbort, gcommCommGetAsyncError, gcommGetLastError and the
- * queries. Different communicators may be used from different threads at once.
- * A handle is checked against the live communicators: after gcommCommDestroy every call on it
+ * created it (gcommCommInitMPI, gcommCommSplit, gcommCommShrink): calls from two threads would be
+ * posted in an order that differs from rank to rank and mix their data, so another thread's call
+ * returns gcommInvalidUsage naming both threads and changes nothing. Any thread may call gcommWait,
+ * gcommTest, gcommProgress, gcommCommAbort, gcommCommRevoke, gcommCommGetAsyncError,
+ * gcommGetLastError and the queries. Different communicators may be used from different threads at
+ * once. A handle is checked against the live communicators: after gcommCommDestroy every call on it
  * (a second destroy included) returns gcommInvalidArgument. */
 
 /* ---- Communicators ---- */
@@ -92,6 +94,27 @@ gcommResult_t gcommCommDestroy(gcommComm_t comm);
 /* Stops everything now, from any thread: every pending wait on comm returns gcommAborted. The
  * communicator must still be destroyed. */
 gcommResult_t gcommCommAbort(gcommComm_t comm);
+/* Stops comm on every rank, from any thread: this rank's pending and future calls on comm return
+ * gcommRevoked at once, and so do every other rank's as soon as it next waits, tests, enqueues or
+ * asks gcommCommGetAsyncError (within a millisecond or so on this node, whether or not it waits on
+ * this rank). What comes next is gcommCommShrink (GCOMM_SHRINK_ABORT) or gcommCommDestroy. Reaches
+ * the ranks of this node only (through their shared-memory status pages); ranks on other nodes
+ * stop at their deadline, or when one of their node's ranks revokes. */
+gcommResult_t gcommCommRevoke(gcommComm_t comm);
+/* Collective over the ranks of comm that are not in excludeRanks (nExclude of them, comm's ranks,
+ * never this rank's): *newcomm holds the survivors, ranked in comm's order. Excluded ranks do not
+ * call. GCOMM_SHRINK_DEFAULT: comm is healthy and its host work finishes first (a GPU
+ * communicator's streams are the caller's to synchronise); GCOMM_SHRINK_ABORT: comm's outstanding
+ * work is aborted first (after a rank died, a revoke, an error). MPI is not used (it may be stuck
+ * on a dead rank): the survivors meet through comm's shared-memory status pages, each wait bounded
+ * by GCOMM_TIMEOUT_MS, and a rank found dead is excluded too, whether listed or not; a live rank
+ * that neither calls nor is excluded fails every caller with gcommTimeout naming it. Every
+ * survivor must reach the same set (else gcommInvalidUsage naming the rank that differs). The new
+ * communicator gets fresh FIFOs (comm stays usable after a DEFAULT shrink); it needs every
+ * survivor on this node, and has no MPI communicator, so it cannot be split. config NULL: inherit
+ * comm's. */
+gcommResult_t gcommCommShrink(gcommComm_t comm, const int* excludeRanks, int nExclude,
+                              gcommComm_t* newcomm, const gcommConfig_t* config, int flags);
 /* gcommSuccess, or the error that stopped the communicator (set by the progress engine). */
 gcommResult_t gcommCommGetAsyncError(gcommComm_t comm, gcommResult_t* asyncError);
 gcommResult_t gcommCommCount(const gcommComm_t comm, int* count);

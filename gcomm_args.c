@@ -95,6 +95,7 @@ gcommResult_t gcommCheckComm(gcommComm_t comm, const char* where) {
 /* The error that stopped comm: the engine's or, on a GPU communicator, a kernel's as soon as the
  * kernel has recorded it in mapped memory (no CUDA call, no wait for the stream). */
 gcommResult_t gcommAsyncError(gcommComm_t comm, const char* where) {
+  gcommRevokeSeen(comm); /* a rank that waits on nobody learns of a revoke at its next call */
 #ifdef GCOMM_GPU
   if (comm->device >= 0 && __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
     gcommDeviceKernelError(comm, where);

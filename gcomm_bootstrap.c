@@ -15,19 +15,28 @@
  * step for a rank that has given up; and the ranks that succeeded learn why one failed (its
  * message: the cause, e.g. a full /dev/shm, at every rank). */
 static gcommResult_t agreeOnResult(gcommComm_t comm, gcommResult_t mine, const char* what) {
-  struct {
-    int code, rank;
-  } worst = {(int)mine, comm->rank};
-  MPI_CHECK(comm, MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_2INT, MPI_MAXLOC, comm->mpiComm));
-  if (worst.code == gcommSuccess) return gcommSuccess;
-  char why[512];
+  int* codes = malloc((size_t)comm->nranks * sizeof(int));
+  if (codes == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  gcommResult_t res = gcommAllgather(comm, &(int){(int)mine}, sizeof(int), codes);
+  int worst = 0; /* the highest code, the lowest rank among equals (MPI_MAXLOC's choice) */
+  for (int r = 1; r < comm->nranks && res == gcommSuccess; r++)
+    if (codes[r] > codes[worst]) worst = r;
+  int failed = res == gcommSuccess && codes[worst] != gcommSuccess;
+  free(codes);
+  if (!failed) return res;
+  enum { WHY = 512 };
+  char* whys = malloc((size_t)comm->nranks * WHY);
+  if (whys == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  char why[WHY];
   pthread_mutex_lock(&comm->errorLock);
-  snprintf(why, sizeof(why), "%.*s", (int)sizeof(why) - 1, comm->lastError);
+  snprintf(why, sizeof(why), "%.*s", WHY - 1, comm->lastError);
   pthread_mutex_unlock(&comm->errorLock);
-  MPI_CHECK(comm, MPI_Bcast(why, sizeof(why), MPI_CHAR, worst.rank, comm->mpiComm));
-  if (mine != gcommSuccess) return mine;
-  return GCOMM_ERROR(comm, gcommRemoteError, worst.rank, "rank %d failed during %s: %s", worst.rank,
-                     what, why);
+  res = gcommAllgather(comm, why, WHY, whys);
+  if (res == gcommSuccess) memcpy(why, whys + (size_t)worst * WHY, WHY);
+  free(whys);
+  if (res != gcommSuccess || mine != gcommSuccess) return mine != gcommSuccess ? mine : res;
+  return GCOMM_ERROR(comm, gcommRemoteError, worst, "rank %d failed during %s: %s", worst, what,
+                     why);
 }
 
 /* Which ranks share a node: MPI_COMM_TYPE_SHARED, or GCOMM_HOSTID when set, so that one machine
@@ -35,6 +44,16 @@ static gcommResult_t agreeOnResult(gcommComm_t comm, gcommResult_t mine, const c
 static gcommResult_t detectNode(gcommComm_t comm, uint64_t* hostId) {
   MPI_Comm node;
   int leader = comm->rank;
+  if (comm->boot != NULL) { /* shrunk: the parent knew the nodes; this one's lowest rank names it */
+    const struct gcommBoot* b = comm->boot;
+    const gcommCard_t* cards = b->pages->cards;
+    uint64_t mine = cards[b->pageRank[comm->rank]].hostId;
+    comm->nLocal = 0;
+    for (int r = comm->nranks - 1; r >= 0; r--)
+      if (cards[b->pageRank[r]].hostId == mine) leader = r, comm->nLocal++;
+    *hostId = (uint64_t)leader;
+    return gcommSuccess;
+  }
   if (comm->params.hostId != NULL)
     MPI_CHECK(comm, MPI_Comm_split(comm->mpiComm,
                                    (int)(gcommHashString(comm->params.hostId) & 0x7fffffff),
@@ -139,10 +158,10 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
                       comm->device >= 0 && comm->deviceMps};
   gpuOfRank_t* all = calloc(comm->nranks, sizeof(*all));
   if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  int rc = MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all, sizeof(mine), MPI_BYTE, comm->mpiComm);
-  if (rc != MPI_SUCCESS) {
+  gcommResult_t res = gcommAllgather(comm, &mine, sizeof(mine), all);
+  if (res != gcommSuccess) {
     free(all);
-    MPI_CHECK(comm, rc);
+    return res;
   }
   qsort(all, comm->nranks, sizeof(*all), gpuOfRankCompare);
   int64_t fewestSms = INT64_MAX;
@@ -184,6 +203,9 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
 /* The build's transports, in setup order, before any of them makes anything: a failed setup
  * frees whatever each made (commFree). The network asks the core where a receive may land. */
 static void addTransports(gcommComm_t comm) {
+  comm->allgather = gcommAllgather; /* the exchanges at setup of the transports and the base */
+  comm->revokedResult = gcommRevokedResult; /* the GPU engine's waits */
+  comm->deadPeerResult = gcommDeadPeerResult;
   comm->transports[comm->nTransports++] = &gcommShmTransport;
 #ifdef GCOMM_OFI
   comm->transports[comm->nTransports++] = &gcommNetTransport;
@@ -198,8 +220,10 @@ static void addTransports(gcommComm_t comm) {
 static gcommResult_t setupIdentity(gcommComm_t comm, const gcommConfig_t* config,
                                    uint64_t* hostId) {
   static int commCounter;
-  MPI_CHECK(comm, MPI_Comm_rank(comm->mpiComm, &comm->rank));
-  MPI_CHECK(comm, MPI_Comm_size(comm->mpiComm, &comm->nranks));
+  if (comm->boot == NULL) { /* else gcommCommShrink gave them */
+    MPI_CHECK(comm, MPI_Comm_rank(comm->mpiComm, &comm->rank));
+    MPI_CHECK(comm, MPI_Comm_size(comm->mpiComm, &comm->nranks));
+  }
   gcommParamsLoad(&comm->params, comm, config);
   gcommParamsPrint(comm);
   GCOMM_CHECK(gcommParamsAgree(comm));
@@ -273,9 +297,7 @@ static gcommResult_t exchangeCards(gcommComm_t comm, uint64_t hostId) {
   GCOMM_CHECK(agreeOnResult(comm, res, "shared-memory setup"));
   comm->cards = calloc(comm->nranks, sizeof(gcommCard_t));
   if (comm->cards == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  MPI_CHECK(comm, MPI_Allgather(&card, sizeof(card), MPI_BYTE, comm->cards, sizeof(card), MPI_BYTE,
-                                comm->mpiComm));
-  return gcommSuccess;
+  return gcommAllgather(comm, &card, sizeof(card), comm->cards);
 }
 
 /* What shapes every FIFO must be the same on every rank: the lanes and slot size, the slot words
@@ -289,8 +311,17 @@ static gcommResult_t checkShapeAgrees(gcommComm_t comm, uint64_t hostId) {
   shape[LANES] = comm->nLanes;
   shape[CHECK_MISMATCH] = (int)comm->params.checkMismatch;
   shape[COPY_ENGINES] = comm->device >= 0 && (comm->params.p2pMemcpy || comm->params.shmMemcpy);
-  MPI_CHECK(comm, MPI_Allreduce(shape, lo, NFIELDS, MPI_INT, MPI_MIN, comm->mpiComm));
-  MPI_CHECK(comm, MPI_Allreduce(shape, hi, NFIELDS, MPI_INT, MPI_MAX, comm->mpiComm));
+  int* all = malloc(sizeof(shape) * (size_t)comm->nranks);
+  if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  gcommResult_t res = gcommAllgather(comm, shape, sizeof(shape), all);
+  memcpy(lo, shape, sizeof(lo));
+  memcpy(hi, shape, sizeof(hi));
+  for (int i = 0; i < comm->nranks * NFIELDS && res == gcommSuccess; i++) {
+    if (all[i] < lo[i % NFIELDS]) lo[i % NFIELDS] = all[i];
+    if (all[i] > hi[i % NFIELDS]) hi[i % NFIELDS] = all[i];
+  }
+  free(all);
+  GCOMM_CHECK(res);
   if (memcmp(lo, hi, sizeof(lo)) != 0)
     return GCOMM_ERROR(comm, gcommInvalidUsage, -1,
                        "ranks disagree on GCOMM_NCHANNELS (%d..%d), GCOMM_BUFFSIZE, "
@@ -317,11 +348,15 @@ static gcommResult_t checkShapeAgrees(gcommComm_t comm, uint64_t hostId) {
 
 /* The connection tables, then every transport's connections, each step agreed by every rank. */
 static gcommResult_t connectTransports(gcommComm_t comm) {
+  comm->localRanks = calloc(comm->nLocal, sizeof(int));
+  for (int r = 0, i = 0; r < comm->nranks && comm->localRanks != NULL; r++)
+    if (comm->cards[r].hostId == comm->cards[comm->rank].hostId && i < comm->nLocal)
+      comm->localRanks[i++] = r;
   comm->sendConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
   comm->recvConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
   comm->nQueues = comm->nChannels + 2 * comm->nranks * comm->nP2pChannels;
   comm->queues = calloc(comm->nQueues, sizeof(gcommQueue_t));
-  gcommResult_t res = comm->sendConns && comm->recvConns && comm->queues
+  gcommResult_t res = comm->sendConns && comm->recvConns && comm->queues && comm->localRanks
                           ? gcommSuccess
                           : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   for (int i = 0; i < comm->nTransports; i++) {
@@ -351,6 +386,7 @@ gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
   GCOMM_CHECK(exchangeCards(comm, hostId));
   GCOMM_CHECK(checkShapeAgrees(comm, hostId));
   GCOMM_CHECK(connectTransports(comm));
+  gcommBootOwnPages(comm);
   if (comm->params.dumpSignal > 0) gcommInstallDumpSignal(comm);
   GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
              "comm \"%s\" rank %d/%d: %d local ranks, %d channels, %zu-byte FIFO slots, proxy "

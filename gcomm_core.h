@@ -97,8 +97,31 @@ void gcommLogWrite(int level, gcommComm_t comm, const char* where, const char* m
 const char* gcommThreadLastError(void);
 void gcommKeepThreadError(const char* msg);
 
+/* ---- gcomm_agree.c ---- */
+/* How a communicator made by gcommCommShrink exchanges without MPI: over the status pages of
+ * pages (its parent during setup, then itself), where its rank r is pageRank[r]. */
+struct gcommBoot {
+  gcommComm_t pages;
+  int* pageRank;
+  int rank, nranks; /* this rank, and the size of the communicator being set up */
+};
+/* MPI_Allgather of bytes from every rank, or, for a communicator made by gcommCommShrink, the
+ * same over status pages (a deadline on each rank, a death named). Collective. */
+gcommResult_t gcommAllgather(gcommComm_t comm, const void* mine, size_t bytes, void* all);
+/* comm (not set up yet) will exchange over the pages of pages, its rank r being pageRank[r]. */
+gcommResult_t gcommBootFromPages(gcommComm_t comm, gcommComm_t pages, const int* pageRank, int rank,
+                                 int nranks);
+/* Once comm's own segments are mapped: its exchanges go over its own pages. */
+void gcommBootOwnPages(gcommComm_t comm);
+/* gcommCommShrink's meeting: excl[q] (1: excluded by the caller) gains the ranks found dead;
+ * survivors[0..*n) are the ranks every survivor agreed on, ascending. Collective over them. */
+gcommResult_t gcommAgreeSurvivors(gcommComm_t comm, unsigned char* excl, int* survivors, int* n);
+
 /* ---- gcomm_executor.c ---- */
 int gcommWorkAdvance(gcommComm_t comm, gcommWork_t* w, gcommResult_t* res);
+/* Whether local rank peer's process is gone (only a process of this very machine can be probed:
+ * GCOMM_HOSTID nodes may share one). */
+int gcommPeerIsDead(gcommComm_t comm, int peer);
 uint32_t gcommOpTag(const gcommOp_t* op);
 
 /* ---- gcomm_progress.c ---- */
@@ -111,6 +134,16 @@ gcommResult_t gcommPostOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, i
 int gcommProgressPass(gcommComm_t comm);
 void gcommPublishStop(gcommComm_t comm, gcommResult_t res, const char* why);
 void gcommSetAsyncError(gcommComm_t comm, gcommResult_t res);
+/* Stops comm now (gcommCommAbort, gcommCommRevoke, a peer's revoke): res becomes its error, then
+ * every wait on it returns. */
+void gcommStop(gcommComm_t comm, gcommResult_t res);
+/* Whether comm is revoked, here or (seen now on their status pages) by a rank of this node: the
+ * first sight stops comm with gcommRevoked and marks this rank's page, so the revoke spreads. */
+int gcommRevokeSeen(gcommComm_t comm);
+/* gcommSuccess, or, when gcommRevokeSeen, the communicator's error recorded at where. */
+gcommResult_t gcommRevokedResult(gcommComm_t comm, const char* where);
+/* gcommSuccess, or a rank of this node has died: comm stops with its error, named, at where. */
+gcommResult_t gcommDeadPeerResult(gcommComm_t comm, const char* where);
 gcommResult_t gcommStartGpuProxy(gcommComm_t comm);
 
 /* ---- gcomm_wait.c ---- */
@@ -144,6 +177,14 @@ void gcommTuningPrint(gcommComm_t comm);
 
 /* ---- gcomm_bootstrap.c ---- */
 gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config);
+
+/* ---- gcomm.c ---- */
+/* A new communicator over mpiComm (taken over), or, with mpiComm MPI_COMM_NULL, over boot's pages
+ * (gcommCommShrink: rank of nranks, pageRank[r] being rank r's in pages). Collective. */
+gcommResult_t gcommCommCreate(gcommComm_t* out, MPI_Comm mpiComm, const gcommConfig_t* config,
+                              gcommComm_t pages, const int* pageRank, int rank, int nranks);
+/* The config a communicator made from comm inherits when the caller gives none. */
+void gcommInheritConfig(gcommComm_t comm, gcommConfig_t* config);
 
 /* ---- gcomm_enqueue.c ---- */
 gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,

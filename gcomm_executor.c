@@ -194,7 +194,7 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
  * node can be probed: a rank of another node is known dead from what the ranks of its node tell
  * (their stop, over the network). Pretend nodes (GCOMM_HOSTID) of one machine probe only their
  * own ranks too, as real nodes do, and the real host names must match. */
-static int peerIsDead(gcommComm_t comm, int peer) {
+int gcommPeerIsDead(gcommComm_t comm, int peer) {
   if (comm->cards[peer].hostId != comm->cards[comm->rank].hostId ||
       strcmp(comm->cards[peer].host, comm->cards[comm->rank].host) != 0)
     return 0;
@@ -224,7 +224,7 @@ static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, ui
            gcommFuncNames[op->func], (unsigned long long)op->seq, w->lane, w->step, w->nSteps,
            (unsigned long long)waitedMs, w->waitRecv ? "receive from" : "send to", w->waitPeer);
   if (phase == PROBE_DEATH)
-    return peerIsDead(comm, q)
+    return gcommPeerIsDead(comm, q)
                ? gcommSetError(comm, gcommRemoteError, q, "progress", "%s: rank %d has died", at, q)
                : gcommSuccess;
   gcommStatus_t* st = rankStatus(comm, q);
@@ -248,8 +248,9 @@ static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, ui
   char msg[sizeof(st->msg)];
   memcpy(msg, st->msg, sizeof(msg));
   msg[sizeof(msg) - 1] = 0;
-  return gcommSetError(comm, code == gcommInvalidUsage ? gcommInvalidUsage : gcommRemoteError, q,
-                       "progress", "%s: rank %d stopped: %s", at, q, msg);
+  int keep = code == gcommInvalidUsage || code == gcommRevoked; /* else the peer's failure */
+  return gcommSetError(comm, keep ? (gcommResult_t)code : gcommRemoteError, q, "progress",
+                       "%s: rank %d stopped: %s", at, q, msg);
 }
 
 static void noteCurrent(gcommComm_t comm, const gcommWork_t* w) {

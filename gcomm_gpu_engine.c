@@ -309,6 +309,8 @@ gcommResult_t gcommDeviceTest(gcommComm_t comm, void* stream, const char* where)
   if (comm->dev->prof) gcommGpuProfReap(comm, 0);
   gcommResult_t kres = gcommDeviceKernelError(comm, where);
   if (kres != gcommSuccess) return kres;
+  gcommResult_t revoked = comm->revokedResult(comm, where);
+  if (revoked != gcommSuccess) return revoked;
   if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE))
     return gcommSetError(comm, gcommAborted, -1, where, "the communicator was aborted");
   /* the network failed (recorded by the progress thread, naming the peer; kernels are aborted) */
@@ -328,12 +330,20 @@ static void gpuBackoff(uint64_t* idleSince) {
 }
 
 gcommResult_t gcommDeviceWait(gcommComm_t comm, void* stream, const char* where) {
-  uint64_t deadline = gcommNowNs() + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
+  uint64_t start = gcommNowNs(), probed = start;
+  uint64_t deadline = start + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
   uint64_t idleSince = 0;
   for (;;) {
     gcommResult_t r = gcommDeviceTest(comm, stream, where);
     if (r != gcommInProgress) return r;
-    if (gcommNowNs() > deadline)
+    uint64_t now = gcommNowNs();
+    /* as the host executor's probes: a dead local rank ends the wait long before the deadline */
+    if (now - start >= 100000000 && now - probed >= 50000000) {
+      probed = now;
+      r = comm->deadPeerResult(comm, where);
+      if (r != gcommSuccess) return r;
+    }
+    if (now > deadline)
       return gcommSetError(comm, gcommTimeout, -1, where,
                            "the stream's GPU work is not done after GCOMM_TIMEOUT_MS=%lld",
                            (long long)comm->params.timeoutMs);
@@ -424,6 +434,13 @@ static int waitLaunches(struct gcommDev* d, uint64_t deadline) {
  * collective cannot be cancelled, and the communicator's MPI_Comm_free lets it finish), or an MPI
  * failure. */
 static gcommResult_t barrierBefore(gcommComm_t comm, uint64_t deadline) {
+  if (comm->mpiComm == MPI_COMM_NULL) { /* gcommCommShrink's: its status pages, their deadline */
+    char* all = malloc((size_t)comm->nranks);
+    gcommResult_t res = all != NULL ? comm->allgather(comm, "", 1, all)
+                                    : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+    free(all);
+    return res;
+  }
   MPI_Request req;
   int done = 0, rc = MPI_Ibarrier(comm->mpiComm, &req);
   uint64_t idleSince = 0;

@@ -309,6 +309,16 @@ void gcommProfStop(gcommComm_t comm, void* handle);
  * that both think they are the root). Ranks of one node read it in each other's shared-memory
  * segment; a rank on another node sends its stop (code and msg) over the network. */
 #define GCOMM_STATUS_LANES GCOMM_MAX_CHANNELS /* one per collective channel */
+/* The page also carries what the ranks of a node exchange without MPI (gcomm_agree.c): which
+ * gcommCommShrink of the communicator the rank has reached, and a mailbox of two boxes, one per
+ * exchange parity: exchange k writes box k % 2, and a rank writes exchange k + 2 only after every
+ * rank has posted k + 1, that is has finished reading k. */
+#define GCOMM_BOX_BYTES 1024
+typedef struct {
+  volatile uint64_t round; /* the exchange whose data the box holds (written after it) */
+  volatile uint64_t bytes;
+  char data[GCOMM_BOX_BYTES];
+} gcommBox_t;
 /* Ranks that share a GPU without MPS (gcomm_gpu_shared.c): how far a rank's staging chunks are
  * published and how far it has read its peers'. Channel 0 carries collectives (read by every rank
  * that needs the chunk), channel 1 + r the sends to rank r; each has GCOMM_SHARED_SLOTS slots. */
@@ -328,6 +338,10 @@ typedef struct {
   char msg[504];
   volatile uint64_t current[GCOMM_STATUS_LANES]; /* (seq + 1) << 32 | tag, 0: none yet */
   gcommSharedFlags_t shared; /* in a node only: the network carries code and msg */
+  volatile int revoked;        /* gcommCommRevoke reached this rank (whatever code says) */
+  volatile uint64_t shrinkSeq; /* the gcommCommShrink of this communicator the rank is in */
+  volatile int excludedBy;     /* 1 + the survivor whose shrink left this rank out, or 0 */
+  gcommBox_t box[2];
 } gcommStatus_t;
 
 /* ---- Transports ----
@@ -390,6 +404,7 @@ struct gcommComm {
   int deviceMps;      /* GPU communicators: this process reaches its GPU through MPS */
   int sharedCopy;     /* GPU communicators: every rank on one GPU, run by gcomm_gpu_shared.c */
   int nLocal;         /* ranks on this node */
+  int* localRanks; /* their ranks, this one's included (the status pages a revoke is read from) */
   gcommCard_t* cards; /* every rank's card */
   char name[64];
   gcommParams_t params;
@@ -414,6 +429,20 @@ struct gcommComm {
                            uint64_t* queuedUntil);
   gcommResult_t (*netFence)(gcommComm_t comm, int providerCopies);
 #endif
+
+  /* Exchanges without MPI (gcomm_agree.c): a communicator made by gcommCommShrink has no MPI
+   * communicator (mpiComm is MPI_COMM_NULL) and sets itself up through boot, the status pages of
+   * its parent, then of its own segments. The transports' exchanges at setup go through allgather
+   * (MPI's, or the pages'). pageRounds: exchanges made so far over this communicator's pages;
+   * shrinkSeq: its gcommCommShrink calls so far. */
+  struct gcommBoot* boot;
+  gcommResult_t (*allgather)(gcommComm_t comm, const void* mine, size_t bytes, void* all);
+  /* gcommSuccess, or (the GPU engine's waits ask) the error of a revoke seen now, at where */
+  gcommResult_t (*revokedResult)(gcommComm_t comm, const char* where);
+  /* gcommSuccess, or the error of a rank of this node found dead now, which stops comm (a GPU
+   * wait that has lasted 100 ms asks every 50 ms: kernels cannot probe a process) */
+  gcommResult_t (*deadPeerResult)(gcommComm_t comm, const char* where);
+  uint64_t pageRounds, shrinkSeq;
 
   /* progress engine */
   pthread_mutex_t postLock;
@@ -440,6 +469,7 @@ struct gcommComm {
                    * progress thread must not go to sleep on it unseen */
   int abortFlag;  /* atomic */
   int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
+  int revokedBy;  /* atomic: the rank whose gcommCommRevoke stopped it (asyncError gcommRevoked) */
   uint64_t collSeq;
   uint64_t livenessNs; /* when the engine last probed the local ranks' pids */
   /* why this rank stopped, as gcommPublishStop tells the other ranks (code atomic, 0 until then,

@@ -449,6 +449,8 @@ const char* gcommGetErrorString(gcommResult_t result) {
       return "aborted";
     case gcommInProgress:
       return "in progress";
+    case gcommRevoked:
+      return "communicator revoked";
     default:
       return "unknown result code";
   }
@@ -501,9 +503,8 @@ gcommResult_t gcommParamsAgree(gcommComm_t comm) {
     if (paramTable[i].shared) idx[k] = i, mine[k] = paramValue(&comm->params, &paramTable[i]), k++;
   int64_t* all = malloc((size_t)n * k * sizeof(int64_t));
   if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  int rc = MPI_Allgather(mine, k, MPI_INT64_T, all, k, MPI_INT64_T, comm->mpiComm);
-  gcommResult_t res = gcommSuccess;
-  for (int r = 1; r < n && rc == MPI_SUCCESS && res == gcommSuccess; r++)
+  gcommResult_t res = comm->allgather(comm, mine, (size_t)k * sizeof(int64_t), all);
+  for (int r = 1; r < n && res == gcommSuccess; r++)
     for (int j = 0; j < k && res == gcommSuccess; j++) {
       if (all[(size_t)r * k + j] == all[j]) continue;
       const gcommParamDef_t* d = &paramTable[idx[j]];
@@ -516,6 +517,5 @@ gcommResult_t gcommParamsAgree(gcommComm_t comm) {
                         d->name, first, r, other, d->name);
     }
   free(all);
-  MPI_CHECK(comm, rc);
   return res;
 }

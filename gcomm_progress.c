@@ -124,7 +124,44 @@ void gcommSetAsyncError(gcommComm_t comm, gcommResult_t res) {
   int expected = gcommSuccess;
   if (__atomic_compare_exchange_n(&comm->asyncError, &expected, (int)res, 0, __ATOMIC_ACQ_REL,
                                   __ATOMIC_ACQUIRE))
-    gcommPublishStop(comm, res, res == gcommAborted ? "gcommCommAbort was called there" : NULL);
+    gcommPublishStop(comm, res,
+                     res == gcommAborted   ? "gcommCommAbort was called there"
+                     : res == gcommRevoked ? "the communicator was revoked"
+                                           : NULL);
+}
+
+void gcommStop(gcommComm_t comm, gcommResult_t res) {
+  /* the error before the flag: a wait that sees the flag returns the error, never success */
+  gcommSetAsyncError(comm, res);
+  __atomic_store_n(&comm->abortFlag, 1, __ATOMIC_RELEASE);
+#ifdef GCOMM_GPU
+  gcommDeviceAbort(comm); /* kernels poll it */
+#endif
+  pthread_mutex_lock(&comm->postLock);
+  pthread_cond_signal(&comm->postCond);
+  pthread_mutex_unlock(&comm->postLock);
+  pthread_mutex_lock(&comm->doneLock);
+  pthread_cond_broadcast(&comm->doneCond);
+  pthread_mutex_unlock(&comm->doneLock);
+}
+
+/* A revoke travels as a word of each rank's status page (not its stop code, which keeps the
+ * first failure): every rank that sees it marks its own page too. */
+int gcommRevokeSeen(gcommComm_t comm) {
+  gcommStatus_t* mine = gcommShmStatus(comm, comm->rank);
+  if (mine == NULL) return 0;
+  if (__atomic_load_n(&mine->revoked, __ATOMIC_ACQUIRE)) return 1;
+  for (int i = 0; i < comm->nLocal && comm->localRanks != NULL; i++) {
+    int q = comm->localRanks[i];
+    gcommStatus_t* st = q == comm->rank ? NULL : gcommShmStatus(comm, q);
+    if (st == NULL || !__atomic_load_n(&st->revoked, __ATOMIC_ACQUIRE)) continue;
+    __atomic_store_n(&comm->revokedBy, q, __ATOMIC_RELAXED);
+    __atomic_store_n(&mine->revoked, 1, __ATOMIC_RELEASE);
+    gcommSetError(comm, gcommRevoked, q, "progress", "rank %d revoked the communicator", q);
+    gcommStop(comm, gcommRevoked);
+    return 1;
+  }
+  return 0;
 }
 
 /* Every queue's head operation, its step and the peer it waits on, for hang diagnosis
@@ -256,6 +293,9 @@ int gcommProgressPass(gcommComm_t comm) {
       return 1;
     }
   }
+  /* work that waits (on a peer the revoke stopped, maybe) looks for a revoke: the next pass stops
+   */
+  if (!moved && comm->nActiveWorks > 0 && gcommRevokeSeen(comm)) return 1;
   return moved;
 }
 
@@ -491,14 +531,34 @@ gcommResult_t gcommFinalResult(gcommComm_t comm, const char* where) {
   if (res == gcommSuccess) return gcommSuccess;
   if (res == gcommAborted)
     return gcommSetError(comm, res, -1, where, "the communicator was aborted");
+  if (res == gcommRevoked) {
+    int by = __atomic_load_n(&comm->revokedBy, __ATOMIC_RELAXED);
+    return gcommSetError(comm, res, by, where,
+                         "the communicator was revoked (gcommCommRevoke on rank %d)", by);
+  }
   return res; /* the engine already recorded what, where and which peer */
+}
+
+gcommResult_t gcommRevokedResult(gcommComm_t comm, const char* where) {
+  return gcommRevokeSeen(comm) ? gcommFinalResult(comm, where) : gcommSuccess;
+}
+
+gcommResult_t gcommDeadPeerResult(gcommComm_t comm, const char* where) {
+  for (int i = 0; i < comm->nLocal && comm->localRanks != NULL; i++) {
+    int q = comm->localRanks[i];
+    if (q == comm->rank || !gcommPeerIsDead(comm, q)) continue;
+    gcommResult_t res = gcommSetError(comm, gcommRemoteError, q, where, "rank %d has died", q);
+    gcommStop(comm, res);
+    return res;
+  }
+  return gcommSuccess;
 }
 
 static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int drive) {
   uint64_t deadline = gcommNowNs() + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
   uint64_t idleSince = 0;
   while (!gcommAllDone(comm, target)) {
-    if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE))
+    if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) || gcommRevokeSeen(comm))
       return gcommFinalResult(comm, "gcommWait");
     if (gcommNowNs() > deadline)
       return gcommSetError(

@@ -19,7 +19,8 @@ typedef enum {
   gcommTimeout = 7,         /* a wait passed GCOMM_TIMEOUT_MS */
   gcommAborted = 8,         /* gcommCommAbort was called */
   gcommInProgress = 9,      /* the operation has not completed yet */
-  gcommNumResults = 10
+  gcommRevoked = 10,        /* gcommCommRevoke was called on this communicator, here or by a peer */
+  gcommNumResults = 11
 } gcommResult_t;
 
 typedef enum {

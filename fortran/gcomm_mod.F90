@@ -42,6 +42,7 @@ module gcomm
   integer(c_int), parameter :: gcommTimeout = 7
   integer(c_int), parameter :: gcommAborted = 8
   integer(c_int), parameter :: gcommInProgress = 9
+  integer(c_int), parameter :: gcommRevoked = 10
 
   ! ---- gcommDataType_t ----
   integer(c_int), parameter :: gcommInt8 = 0

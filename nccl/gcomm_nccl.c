@@ -17,9 +17,11 @@
  *     counterparts; enums are NCCL 2.2x's values (checked at compile time) translated by table.
  *   - Errors: gcomm's results map to NCCL's; ncclGetLastError returns gcomm's message (what,
  *     where, which peer) of the calling thread.
+ *   - ncclCommShrink and ncclCommRevoke are gcommCommShrink and gcommCommRevoke (the survivors
+ *     on one node; no MPI).
  *   - Not served: NCCL's device API (ncclDevCommCreate), several GPUs in one process
- *     (ncclCommInitAll with ndev > 1, or two ranks of one id in one group) and ncclCommShrink
- *     return ncclInvalidUsage. Buffer and window registration are accepted and ignored: gcomm
+ *     (ncclCommInitAll with ndev > 1, or two ranks of one id in one group) return
+ *     ncclInvalidUsage. Buffer and window registration are accepted and ignored: gcomm
  *     copies through its own FIFOs and needs none.
  */
 #define _GNU_SOURCE
@@ -89,6 +91,7 @@ static ncclResult_t toNccl(gcommResult_t r) {
       return ncclInvalidArgument;
     case gcommInvalidUsage:
     case gcommAborted: /* a call on an aborted communicator */
+    case gcommRevoked: /* a call on a revoked one (NCCL's ncclCommRevoke) */
       return ncclInvalidUsage;
     case gcommDeviceError:
       return ncclUnhandledCudaError;
@@ -520,31 +523,59 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
 }
 
 /* ---- Communicator lifetime and queries ---- */
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
-                           ncclConfig_t* config) {
-  COMM_OR_RETURN(comm, g);
+/* A communicator made from another (split, shrink), where names the call: *newcomm NULL, the
+ * config converted, then make's result wrapped (a NULL one, a split's NOCOLOR, stays NULL). */
+typedef gcommResult_t (*makeComm_t)(gcommComm_t parent, const gcommConfig_t* config,
+                                    gcommComm_t* out, const void* args);
+static ncclResult_t makeFrom(ncclComm_t comm, ncclComm_t* newcomm, ncclConfig_t* config,
+                             makeComm_t make, const void* args, const char* where) {
+  gcommComm_t g = NULL;
+  ncclResult_t checked = checkComm(comm, where, &g);
+  if (checked != ncclSuccess) return checked;
   gcommConfig_t gconfig;
   char name[64];
   if (newcomm == NULL) return NCCL_ERROR(gcommInvalidArgument, "newcomm is NULL");
   *newcomm = NULL;
   ncclResult_t res = toConfig(config, &gconfig, name, sizeof(name));
   if (res != ncclSuccess) return res;
-  gcommComm_t split = NULL;
-  res = toNccl(gcommCommSplit(g, color, key, &split, config != NULL ? &gconfig : NULL));
-  if (res != ncclSuccess || split == NULL) return res;
-  if ((*newcomm = wrap(split)) != NULL) return ncclSuccess;
-  gcommCommDestroy(split);
+  gcommComm_t made = NULL;
+  res = toNccl(make(g, config != NULL ? &gconfig : NULL, &made, args));
+  if (res != ncclSuccess || made == NULL) return res;
+  if ((*newcomm = wrap(made)) != NULL) return ncclSuccess;
+  gcommCommDestroy(made);
   return NCCL_ERROR(gcommSystemError, "out of memory");
 }
 
+static gcommResult_t makeSplit(gcommComm_t g, const gcommConfig_t* config, gcommComm_t* out,
+                               const void* args) {
+  const int* colorKey = args;
+  return gcommCommSplit(g, colorKey[0], colorKey[1], out, config);
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                           ncclConfig_t* config) {
+  int colorKey[2] = {color, key};
+  return makeFrom(comm, newcomm, config, makeSplit, colorKey, __func__);
+}
+
+typedef struct {
+  const int* exclude;
+  int n, flags;
+} shrinkArgs_t;
+
+static gcommResult_t makeShrink(gcommComm_t g, const gcommConfig_t* config, gcommComm_t* out,
+                                const void* args) {
+  const shrinkArgs_t* a = args;
+  return gcommCommShrink(g, a->exclude, a->n, out, config, a->flags);
+}
+
+_Static_assert(NCCL_SHRINK_DEFAULT == GCOMM_SHRINK_DEFAULT &&
+                   NCCL_SHRINK_ABORT == GCOMM_SHRINK_ABORT,
+               "NCCL's shrink flags are gcomm's");
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                             ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  (void)comm, (void)excludeRanksList, (void)config, (void)shrinkFlags;
-  if (newcomm != NULL) *newcomm = NULL;
-  return NCCL_ERROR(gcommInvalidUsage,
-                    "ncclCommShrink (%d ranks excluded): not served by gcomm; make the smaller "
-                    "communicator with ncclCommSplit while every rank can call it",
-                    excludeRanksCount);
+  shrinkArgs_t a = {excludeRanksList, excludeRanksCount, shrinkFlags};
+  return makeFrom(comm, newcomm, config, makeShrink, &a, __func__);
 }
 
 /* gcomm's destroy waits for the communicator's outstanding work itself. */
@@ -572,13 +603,14 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-/* Stops in-flight operations; the communicator must still be destroyed. */
+/* Stops in-flight operations on every rank of the node; the communicator must still be
+ * destroyed (or shrunk). */
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   COMM_OR_RETURN(comm, g);
   if (revokeFlags != NCCL_REVOKE_DEFAULT)
     return NCCL_ERROR(gcommInvalidArgument, "revokeFlags %d is not NCCL_REVOKE_DEFAULT",
                       revokeFlags);
-  return toNccl(gcommCommAbort(g));
+  return toNccl(gcommCommRevoke(g));
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {

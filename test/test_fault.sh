@@ -13,6 +13,12 @@
 #         a zombie): MPICH 4.0.2's hydra, when a rank is killed by a signal and its proxy reaps
 #         it, SIGKILLs the other ranks at once, -disable-auto-cleanup or not, so that no survivor
 #         is left to return anything.
+#   shrink test_shrink on 4 ranks over shm: rank 2 is SIGKILLed 3 ms into a 32 MiB all-reduce
+#         (a zombie until the end, as above: between the kept ranks 0-1 and 3 of the launch line);
+#         the 3 survivors must get an error naming it, shrink with GCOMM_SHRINK_ABORT (rank 2
+#         listed, or with "auto" none: found dead) and run 100 all-reduces right on the new
+#         communicator, without MPI, each printing the seconds from the all-reduce's start to the
+#         last check
 #   hang  test_fault with TEST_FAULT_HANG=2 on 4 ranks: rank 2 skips a collective, the others
 #         hang. Every rank is sent GCOMM_PROXY_DUMP_SIGNAL; tools/hang_report.py, given every
 #         rank's log, must say that rank 2 is behind.
@@ -28,13 +34,15 @@
 #   soak  test_soak on 4 ranks (TEST_SOAK_SMALL small and TEST_SOAK_LARGE large collectives):
 #         memory, file descriptors and /dev/shm stable (the program checks and prints them).
 #
-# Environment: BUILD (default build), MPIEXEC, TEST_FAULT_KILLS (default "4/mid 4/before
+# Environment: BUILD (default build), MPIEXEC, TEST_FAULT_SHRINKS (default "listed auto"),
+#   TEST_FAULT_KILLS (default "4/mid 4/before
 #   4/mid/poll 2/mid"; ranks/moment[/poll]), TEST_SOAK_SMALL, TEST_SOAK_LARGE (the program's
 #   defaults when unset). The last line is "N passed, N failed".
 set -u
 BUILD=${BUILD:-build}
 MPIEXEC=${MPIEXEC:-mpiexec}
 KILLS=${TEST_FAULT_KILLS-"4/mid 4/before 4/mid/poll 2/mid"}
+SHRINKS=${TEST_FAULT_SHRINKS-"listed auto"}
 here=$(cd "$(dirname "$0")" && pwd)
 
 export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
@@ -112,6 +120,51 @@ for cfg in $KILLS; do
   else fail "kill $cfg: left in /dev/shm: $left"; fi
   echo "== kill $cfg: $(($(date +%s) - t0)) s"
 done
+
+# ---- shrink: rank 2 of 4 dies, the survivors shrink and carry on ----
+for how in $SHRINKS; do
+  dir=$tmp/shrink-$how
+  mkdir -p "$dir"
+  echo "== test_shrink over shm: 4 ranks, rank 2 killed in the all-reduce, shrink ($how)"
+  TEST_KILL_RANK=2 TEST_SHRINK_AUTO=$([ "$how" = auto ] && echo 1 || echo 0) \
+    TEST_SHRINK_DIR="$dir" GCOMM_TIMEOUT_MS=5000 timeout -k 5 120 "$MPIEXEC" \
+    "${mpiexec_flags[@]}" "${keep[@]}" -n 2 "$BUILD/test/test_shrink" : \
+    -n 1 python3 "$tmp/keeper.py" "$dir" 3 "$BUILD/test/test_shrink" : \
+    -n 1 "$BUILD/test/test_shrink" >"$out" 2>&1
+  [ $? = 124 ] && fail "shrink $how: the job hung"
+  for r in 0 1 3; do
+    if [ -s "$dir/rank$r" ]; then
+      cut -c1-400 "$dir/rank$r"
+      if grep -q '^PASS' "$dir/rank$r"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    else
+      fail "shrink $how: survivor rank $r reported nothing (crashed or hung?)"
+      tail -20 "$out"
+    fi
+  done
+done
+
+# examples/shrink_solver: rank 2 dies at iteration 555; the survivors shrink, go back to the
+# checkpoint of iteration 500 (rank 2's block from its buddy, rank 3) and must end bitwise equal to
+# the serial run. Each survivor's output and exit status go to files (mpiexec may drop the output
+# of a job that lost a rank).
+dir=$tmp/solver
+mkdir -p "$dir"
+echo "== examples/shrink_solver: 4 ranks, rank 2 killed at iteration 555 of 1000"
+solver=("$BUILD/shrink_solver" --iters 1000 --checkpoint 100 --kill-rank 2 --kill-iter 555)
+keepFiles='trap "" USR1; "$@" >"$D/out${PMI_RANK:-$OMPI_COMM_WORLD_RANK}" 2>&1; echo $? >"$D/rank${PMI_RANK:-$OMPI_COMM_WORLD_RANK}"'
+D=$dir timeout -k 5 120 "$MPIEXEC" "${mpiexec_flags[@]}" "${keep[@]}" \
+  -n 2 sh -c "$keepFiles" sh "${solver[@]}" : \
+  -n 1 python3 "$tmp/keeper.py" "$dir" 3 "${solver[@]}" : \
+  -n 1 sh -c "$keepFiles" sh "${solver[@]}" >"$out" 2>&1
+[ $? = 124 ] && fail "shrink_solver: the job hung"
+grep -h '^PASS\|^FAIL\|^shrink_solver' "$dir"/out* | cut -c1-300
+if grep -q '^PASS shrink_solver: .* on 3 of 4 ranks' "$dir/out0" 2>/dev/null &&
+  [ "$(cat "$dir"/rank0 "$dir"/rank1 "$dir"/rank3 2>/dev/null | tr -d '\n')" = 000 ]; then
+  pass "shrink_solver: the 3 survivors of rank 2 shrank, rebuilt the field from the checkpoints and ended bitwise equal to the serial run"
+else
+  fail "shrink_solver: survivors' exit codes $(cat "$dir"/rank* 2>/dev/null | tr '\n' ' ')"
+  tail -20 "$out"
+fi
 
 # ---- hang: one rank skips a collective; dumps from every rank; the tool names it ----
 dir=$tmp/hang

@@ -85,18 +85,21 @@ static int peerWithoutAccess(gcommComm_t comm, const placeCard_t* all) {
 gcommResult_t gcommDevicePlaceFifos(gcommComm_t comm, uint64_t hostId, size_t* shmBytes) {
   placeCard_t mine = {hostId, comm->device, 0};
   placeCard_t* all = calloc(comm->nranks, sizeof(placeCard_t));
+  int* asks = calloc(comm->nranks, sizeof(int));
   *shmBytes = 0;
-  if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  int rc = MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all, sizeof(mine), MPI_BYTE, comm->mpiComm);
-  int noPeer = rc == MPI_SUCCESS && comm->device >= 0 ? peerWithoutAccess(comm, all) : -1;
+  if (all == NULL || asks == NULL) {
+    free(all), free(asks);
+    return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  }
+  /* every rank reaches both exchanges: no early return between them */
+  gcommResult_t res = comm->allgather(comm, &mine, sizeof(mine), all);
+  int noPeer = res == gcommSuccess && comm->device >= 0 ? peerWithoutAccess(comm, all) : -1;
   int staged = 0, ask = comm->device >= 0 && (comm->params.p2pDisable || noPeer >= 0);
   int noPeerDevice = noPeer >= 0 ? all[noPeer].device : -1;
-  free(all);
-  if (rc == MPI_SUCCESS) /* every rank reaches this one: no early return above */
-    rc = MPI_Allreduce(&ask, &staged, 1, MPI_INT, MPI_MAX, comm->mpiComm);
-  if (rc != MPI_SUCCESS)
-    return GCOMM_ERROR(comm, gcommSystemError, -1, "FIFO placement exchange failed (MPI error %d)",
-                       rc);
+  if (res == gcommSuccess) res = comm->allgather(comm, &ask, sizeof(ask), asks);
+  for (int r = 0; r < comm->nranks && res == gcommSuccess; r++) staged |= asks[r];
+  free(all), free(asks);
+  if (res != gcommSuccess) return res;
   if (noPeer == -2) return gcommDeviceError; /* reported */
   if (comm->device < 0) return gcommSuccess;
 

@@ -4,10 +4,11 @@
 # on 2 GPUs and 2 ranks on 1 GPU, then compute-sanitizer, staging through host memory, copy
 # engines, the network. Logs go to $OUT (or ./gpu-logs).
 # Usage (from the repository root): bash test/gpu/run.sh
-# STAGES picks parts (default: all but knobs, channels and algos): build test perf sweep knobs
-# channels algos large quick mps shared profiler sanitizer host p2pdisable ce shmce net hmem.
+# STAGES picks parts (default: all but knobs, channels, algos and shrinkkill): build test perf sweep
+# shrink knobs channels algos large quick mps shared profiler sanitizer host p2pdisable ce shmce
+# net hmem shrinkkill.
 # One device call may run 10 minutes: split the stages over two calls when all do not fit.
-STAGES=${STAGES:-"build test perf sweep large quick mps shared profiler sanitizer host p2pdisable ce shmce net hmem"}
+STAGES=${STAGES:-"build test shrink perf sweep large quick mps shared profiler sanitizer host p2pdisable ce shmce net hmem"}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 B=${BUILD:-build-gpu}
@@ -47,6 +48,20 @@ step build 300 make -j"$(nproc)" "${KEEP[@]}" CUDA=1 CUDA_ARCH=90 BUILD=$B MPICC
 want test && step test_${NR}r${NG}g 400 $RUN $NR $B/test/gpu/test_gpu
 want test && step fault_${NR}r 120 $RUN $NR $B/test/gpu/test_gpu_fault   # abort, kernel mismatch, async error
 want test && step vcoll_${NR}r 200 $RUN $NR $B/test/gpu/test_vcoll_gpu       # vector collectives against MPI's
+want shrink && step shrink_${NR}r 180 $RUN $NR $B/test/gpu/test_gpu_shrink # revoke, shrink
+# 4 ranks on the GPUs, rank 2 SIGKILLed mid all-reduce, a zombie under a parent that reaps it once
+# the 3 survivors have written their lines (a launcher that reaps it at once ends the job: see
+# docs/RELIABILITY.md); the survivors shrink and run 100 all-reduces without MPI
+if want shrinkkill; then
+  SK=$(mktemp -d); NPF=${RUN##* }; KEEPF=(-disable-auto-cleanup); [ "$MPICC" = mpicc ] && KEEPF=(--mca orte_abort_on_non_zero_status 0 -x TEST_KILL_RANK -x TEST_SHRINK_DIR)
+  printf '%s\n' 'import os, signal, sys, time' 'pid = os.fork()' 'if pid == 0: os.execvp(sys.argv[3], sys.argv[3:])' \
+    'signal.signal(signal.SIGUSR1, signal.SIG_IGN)' 'end = time.time() + 60' \
+    'while time.time() < end and sum(f.startswith("rank") for f in os.listdir(sys.argv[1])) < int(sys.argv[2]): time.sleep(0.05)' \
+    'os.waitpid(pid, 0)' > "$SK/keeper.py"
+  TEST_KILL_RANK=2 TEST_SHRINK_DIR=$SK GCOMM_TIMEOUT_MS=5000 step shrinkkill_4r 120 $RUN 2 "${KEEPF[@]}" $B/test/gpu/test_gpu_shrink : \
+    $NPF 1 python3 "$SK/keeper.py" "$SK" 3 $B/test/gpu/test_gpu_shrink : $NPF 1 $B/test/gpu/test_gpu_shrink
+  cat "$SK"/rank* | tee -a "$OUT/summary.log"
+fi
 # the benchmark: gcomm and NCCL through the same harness, one table each, every collective
 PERFBACK=gcomm; [ -n "$NCCLARG" ] && PERFBACK=gcomm,nccl
 want perf && step perf_${NR}r 240 $RUN $NR $B/gcomm_perf --coll all -b 8 -e 64M -f 8 -n 20 -w 5 --backend $PERFBACK
