@@ -33,8 +33,8 @@ struct gcommShm {
   char name[64]; /* this rank's segment */
 };
 
-#define STATUS_BYTES 4096 /* the segment's last page: gcommStatus_t */
-_Static_assert(sizeof(gcommStatus_t) <= STATUS_BYTES, "gcommStatus_t fits its page");
+#define STATUS_BYTES 8192 /* the segment's last two pages: gcommStatus_t */
+_Static_assert(sizeof(gcommStatus_t) <= STATUS_BYTES, "gcommStatus_t fits its pages");
 
 size_t gcommShmSegmentBytes(size_t slotBytes, int nLanes, int nLocal, size_t areaBytes) {
   return gcommFifoBytes(slotBytes) * nLanes * nLocal + ((areaBytes + 4095) & ~(size_t)4095) +
