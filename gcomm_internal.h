@@ -242,6 +242,9 @@ typedef struct {
   gcommWork_t *head, *tail;
 } gcommQueue_t;
 
+/* A rank's card: what the other ranks need to reach it, exchanged once at setup (every rank
+ * holds every rank's card in comm->cards): its node (hostId, host), its process (pid: the liveness
+ * probes), its GPU, its shared-memory segment and its GPU FIFO region's IPC handle. */
 typedef struct {
   uint64_t hostId;
   pid_t pid;
