@@ -13,6 +13,7 @@
 #define HOST_ALPHA_US 2.0
 #define HOST_BW_BYTES_PER_US 4000.0
 #define NET_ONESHOT_MAX_BYTES (256u << 10)
+#define RECDBL_MAX_BYTES (128u << 10) /* AllGather: recursive doubling up to this total */
 
 /* An algorithm's two cost terms: FIFO hops one after another, and bytes each rank moves per byte
  * of `bytes`, the size nccl-tests reports (the whole buffer; AllGather: the output;
@@ -89,11 +90,18 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   if (comm->nLocal < comm->nranks && func == gcommFuncAllReduce)
     return bytes * (size_t)(comm->nranks - 1) <= NET_ONESHOT_MAX_BYTES ? gcommAlgoDirect
                                                                        : gcommAlgoRing;
+  /* AllGather on 2^k ranks of one node: recursive doubling's log2(n) exchanges beat the direct
+   * pattern's n - 1 up to 128 KB in all (16 ranks on 32 cores: 1.3-2x from 512 B to 128 KB,
+   * behind at 512 KB: docs/PERF.md); its schedule falls back to direct where blocks do not fit */
+  int n = comm->nranks;
+  if (func == gcommFuncAllGather && comm->nLocal == n && n >= 4 && (n & (n - 1)) == 0 &&
+      bytes <= RECDBL_MAX_BYTES)
+    return gcommAlgoRecDbl;
   int best = gcommSchedAlgo(func, gcommAlgoRing);
   double bestUs = predictUs(func, best, comm->nranks, (double)bytes);
   for (int a = 0; a < gcommNumAlgos; a++) {
     double us = predictUs(func, a, comm->nranks, (double)bytes);
-    /* two-shot and recursive doubling only when forced (GCOMM_ALGO) until they are measured */
+    /* two-shot only when forced (GCOMM_ALGO) until it is measured; recursive doubling above */
     if (us >= 0 && us < bestUs && a != gcommAlgoTwoShot && a != gcommAlgoRecDbl)
       best = a, bestUs = us;
   }
