@@ -217,7 +217,7 @@ clean:
 
 # GPU tests and benchmark (test/gpu/run.sh): make CUDA=1 gpu-test [NCCL=1 NCCL_HOME=...]
 ifeq ($(CUDA),1)
-$(BUILD)/test/gpu/%: test/gpu/%.c test/gpu/gpucheck.h $(BUILD)/libgcomm.a $(PUB_HDR) $(CONFIG)
+$(BUILD)/test/gpu/%: test/gpu/%.c test/gpu/gpucheck.h test/gpu/gpureport.h $(BUILD)/libgcomm.a $(PUB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) $(PERF_FLAGS) -o $@ $< $(LDFLAGS) $(BUILD)/libgcomm.a $(LDLIBS) $(PERF_LIBS)
 # the vector collectives' comparison with MPI's, on device buffers

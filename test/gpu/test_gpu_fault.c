@@ -27,19 +27,7 @@
 
 static int rank, nranks, failed;
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Every rank: PASS when no rank failed the check. */
-static void report(int ok, const char* what) {
-  int all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (rank == 0) printf("%s %s\n", all ? "PASS" : "FAIL", what);
-  failed += !all;
-}
+#include "gpureport.h"
 
 typedef struct {
   gcommComm_t comm;

@@ -33,18 +33,7 @@
 
 static int rank, nranks, failed;
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void report(int ok, const char* what) {
-  int all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (rank == 0) printf("%s %s\n", all ? "PASS" : "FAIL", what);
-  failed += !all;
-}
+#include "gpureport.h"
 
 static int32_t inputOf(int r, int it, int i) {
   return (int32_t)((r * 7919 + it * 104729 + i * 31) & 0xffff);
