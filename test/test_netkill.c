@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gcomm.h"
+#include "test/testlib.h"
 
 static double now(void) {
   struct timespec ts;
@@ -29,18 +29,6 @@ static double now(void) {
 }
 
 /* Waits (at most maxS seconds) until dir holds the files <prefix>R of `want` ranks R < n. */
-static void awaitFiles(const char* dir, const char* prefix, int n, int want, double maxS) {
-  char path[512];
-  for (double t = now(); now() - t < maxS;) {
-    int seen = 0;
-    for (int r = 0; r < n; r++) {
-      snprintf(path, sizeof(path), "%s/%s%d", dir, prefix, r);
-      seen += access(path, F_OK) == 0;
-    }
-    if (seen >= want) return;
-    usleep(10000);
-  }
-}
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -128,7 +116,7 @@ int main(int argc, char** argv) {
     snprintf(path, sizeof(path), "%s/seen%d", dir, rank);
     FILE* f = fopen(path, "w");
     if (f) fprintf(f, "%d\n", (int)getpid()), fclose(f);
-    awaitFiles(dir, "seen", n, n - 1, timeoutS + 5);
+    tlAwaitFiles(dir, "seen", n, n - 1, timeoutS + 5);
   } else {
     usleep((useconds_t)((timeoutS + 2) * 1e6));
   }
@@ -148,7 +136,7 @@ int main(int argc, char** argv) {
     if (f) fputs(result, f), fclose(f);
     /* Open MPI's mpirun ends the whole job once a rank leaves without MPI_Finalize: the
      * survivors leave together, after every one has written its result */
-    awaitFiles(dir, "rank", n, n - 1, timeoutS + 5);
+    tlAwaitFiles(dir, "rank", n, n - 1, timeoutS + 5);
   }
   free(buf);
   /* MPI cannot finalise with a dead rank; leave without it */

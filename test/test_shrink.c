@@ -281,6 +281,9 @@ static int killRun(int victim) {
            ok ? "" : ": ", why);
   report(dir, line);
   free(big);
+  /* the survivors leave together, once every one has written its line: under Open MPI's mpirun
+   * the first to leave without MPI_Finalize would end the others' runs */
+  if (dir != NULL) tlAwaitFiles(dir, "rank", tlNranks, tlNranks - 1, 20);
   _exit(ok ? 0 : 1); /* MPI cannot finalise with a dead rank */
 }
 

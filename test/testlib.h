@@ -64,6 +64,22 @@ static inline void tlWaitRequest(MPI_Request* req) {
   }
 }
 
+/* Waits up to maxS seconds until at least want of the files dir/prefix0 .. dir/prefix(n-1)
+ * exist: ranks that must not leave before their peers (Open MPI's mpirun ends the whole job when
+ * one rank leaves without MPI_Finalize) meet this way after a rank has died. */
+static inline void tlAwaitFiles(const char* dir, const char* prefix, int n, int want, double maxS) {
+  char path[512];
+  for (double t = tlNow(); tlNow() - t < maxS;) {
+    int seen = 0;
+    for (int r = 0; r < n; r++) {
+      snprintf(path, sizeof(path), "%s/%s%d", dir, prefix, r);
+      seen += access(path, F_OK) == 0;
+    }
+    if (seen >= want) return;
+    tlSleepMs(10);
+  }
+}
+
 static inline void tlBarrier(MPI_Comm comm) {
   MPI_Request req;
   MPI_Ibarrier(comm, &req);
