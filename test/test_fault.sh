@@ -151,7 +151,9 @@ dir=$tmp/solver
 mkdir -p "$dir"
 echo "== examples/shrink_solver: 4 ranks, rank 2 killed at iteration 555 of 1000"
 solver=("$BUILD/shrink_solver" --iters 1000 --checkpoint 100 --kill-rank 2 --kill-iter 555)
-keepFiles='trap "" USR1; "$@" >"$D/out${PMI_RANK:-$OMPI_COMM_WORLD_RANK}" 2>&1; echo $? >"$D/rank${PMI_RANK:-$OMPI_COMM_WORLD_RANK}"'
+# each survivor's wrapper leaves only once all three have written their status (Open MPI's
+# mpirun ends the job when the first leaves without MPI_Finalize)
+keepFiles='trap "" USR1; "$@" >"$D/out${PMI_RANK:-$OMPI_COMM_WORLD_RANK}" 2>&1; echo $? >"$D/rank${PMI_RANK:-$OMPI_COMM_WORLD_RANK}"; i=0; while [ "$(ls "$D" | grep -c "^rank")" -lt 3 ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done'
 D=$dir timeout -k 5 120 "$MPIEXEC" "${mpiexec_flags[@]}" "${keep[@]}" \
   -n 2 sh -c "$keepFiles" sh "${solver[@]}" : \
   -n 1 python3 "$tmp/keeper.py" "$dir" 3 "${solver[@]}" : \
