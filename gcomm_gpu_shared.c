@@ -470,9 +470,10 @@ static gcommResult_t readChunk(shRun_t* run, const shOp_t* o, size_t j) {
     return copyRows(run, out + off * o->esz, 0, slotOf(s, op->peer, 1 + me, o->base[0] + j), 0,
                     bytes, 1);
   if (gcommIsReduction(op->func)) {
-    gcommReduceArgs_t a = {.out = out + off * o->esz,
+    gcommReduceArgs_t a = {.out = {out + off * o->esz},
                            .count = len,
                            .nIn = n,
+                           .nOut = 1,
                            .datatype = op->datatype,
                            .redop = op->redop};
     for (int r = 0; r < n; r++) a.in[r] = slotOf(s, r, 0, o->base[r] + j) + mine;
@@ -775,13 +776,17 @@ static gcommResult_t directBuffers(shRun_t* run, const gcommOp_t* op, char** in,
   }
   return gcommSuccess;
 }
-/* out <- the reduction of every rank's input at byte offset off. */
+/* outs[k] <- the reduction of every rank's input at byte offset off, for each of nOut outputs. */
 static gcommResult_t directReduce(shRun_t* run, const gcommOp_t* op, char** in, size_t off,
-                                  char* out) {
+                                  char** outs, int nOut) {
   int n = run->comm->nranks;
-  gcommReduceArgs_t a = {
-      .out = out, .count = op->count, .nIn = n, .datatype = op->datatype, .redop = op->redop};
+  gcommReduceArgs_t a = {.count = op->count,
+                         .nIn = n,
+                         .nOut = nOut,
+                         .datatype = op->datatype,
+                         .redop = op->redop};
   for (int r = 0; r < n; r++) a.in[r] = in[r] + off;
+  for (int k = 0; k < nOut; k++) a.out[k] = outs[k];
   if (op->redop == gcommAvg) a.divide = n;
   CUDA_CHECK(run->comm, -1, (cudaError_t)gcommReduceLaunch(&a, run->stream));
   return gcommSuccess;
@@ -791,21 +796,20 @@ static gcommResult_t directCopy(shRun_t* run, char* dst, const char* src, size_t
   return dst == src ? gcommSuccess : copyRows(run, dst, 0, src, 0, bytes, 1);
 }
 
-/* The whole collective between every rank's buffers, on the lead's stream. An in-place rank's
- * input is read before its output is written: by the same element of the one reduction, or by
- * a copy out of another rank's buffer. */
+/* The whole collective between every rank's buffers, on the lead's stream, in one kernel where it
+ * can (an all-reduce writes every rank's output at once). An in-place rank's input is read before
+ * its output is written: by the same element of the one reduction, or by a copy out of another
+ * rank's buffer. */
 static gcommResult_t directWork(shRun_t* run, const gcommOp_t* op, char** in, char** out) {
   int n = run->comm->nranks, root = op->root;
   size_t bytes = op->count * gcommTypeSize(op->datatype);
   switch (op->func) {
     case gcommFuncAllReduce:
-      GCOMM_CHECK(directReduce(run, op, in, 0, out[LEAD]));
-      for (int r = 0; r < n; r++) GCOMM_CHECK(directCopy(run, out[r], out[LEAD], bytes));
-      return gcommSuccess;
+      return directReduce(run, op, in, 0, out, n);
     case gcommFuncReduce:
-      return directReduce(run, op, in, 0, out[root]);
+      return directReduce(run, op, in, 0, &out[root], 1);
     case gcommFuncReduceScatter:
-      for (int r = 0; r < n; r++) GCOMM_CHECK(directReduce(run, op, in, r * bytes, out[r]));
+      for (int r = 0; r < n; r++) GCOMM_CHECK(directReduce(run, op, in, r * bytes, &out[r], 1));
       return gcommSuccess;
     case gcommFuncBroadcast:
       for (int r = 0; r < n; r++) GCOMM_CHECK(directCopy(run, out[r], in[root], bytes));
