@@ -138,7 +138,7 @@ int gcommKernelTimerPing(volatile uint64_t* flags, void* stream);
 #define GCOMM_REDUCE_MAX_INPUTS 16
 typedef struct {
   const void* in[GCOMM_REDUCE_MAX_INPUTS]; /* combined in this order: the same bits everywhere */
-  void* out[GCOMM_REDUCE_MAX_INPUTS];      /* the result goes to each (an all-reduce: every rank's) */
+  void* out[GCOMM_REDUCE_MAX_INPUTS]; /* the result goes to each (an all-reduce: every rank's) */
   size_t count;
   int nIn, nOut, datatype, redop;
   int divide; /* Avg: the result divided by this; 0: not */

@@ -3,8 +3,26 @@
  * by gcomm_bootstrap.c). Their contexts time-slice the GPU: a kernel block that spins for a peer's
  * block holds the GPU for its whole slice, so every operation of the main kernels costs a slice
  * (milliseconds) whatever its size. Here nothing on the GPU ever waits for a peer while it holds
- * SMs. The calling thread executes each call (or group) as stream-ordered work on the caller's
- * stream, meeting the peers' calling threads through flags in their shared-memory status pages:
+ * SMs. The calling thread executes each call (or group) as stream-ordered work, meeting the peers'
+ * calling threads through flags in their shared-memory status pages, on one of two paths.
+ *
+ * Why two: every hand-off between two processes' contexts costs the GPU about 140 us without MPS,
+ * whether the stream waits on the GPU (cudaStreamWaitEvent) or the host waits for the peer's work
+ * to end and only then enqueues: switching to a context costs that much even when the other one
+ * is idle (tools/gpu_share_pingpong.cu, one H200: a 2-process ping-pong took 285-294 us a round
+ * trip in every way of ordering it, 355 with blocking-sync events; one process alone, 8 us). So
+ * the fast path is the one where a single context does all the work of a call.
+ *
+ * The direct path (GCOMM_SHARED_GPU_DIRECT; all-reduce, reduce, reduce-scatter, all-gather and
+ * broadcast alone in a call, not PreMulSum): rank 0 runs the whole collective on its own stream
+ * over every rank's buffers, mapped through CUDA IPC; the other ranks drain their streams, post
+ * their buffers' handles and wait on the host for rank 0's event, so their contexts never run:
+ * 29 us an 8-byte all-reduce at 2 ranks, 43 at 4, 108 us at 64 MB at 2 ranks (one H200). Their
+ * calls return with the work done: they wait for their own GPU and for rank 0's.
+ *
+ * The staging (everything else: send/recv, groups, the other collectives, buffers that CUDA IPC
+ * cannot share), on the caller's stream, each rank's context once per operation after its peers'
+ * (~290 us an operation at 2 ranks):
  *
  *   publish a chunk: copy the chunk of the input into this rank's staging slot (copy engines or a
  *     copy kernel, GCOMM_SHARED_GPU_COPY; PreMulSum's scaling kernel), record this rank's
@@ -20,18 +38,14 @@
  * One event per rank is enough: a stream wait covers the event's latest record, and that record
  * follows (in its rank's stream) everything the flag that was seen speaks of. No GPU wait can
  * deadlock: every wait enqueued names a record enqueued earlier (its flag was seen), which waits
- * only on records enqueued before it. The host waits only for the peers' calls, never for the GPU
- * (a call may wait for the peers it needs to make it, never for the GPU to run it); every host wait
- * has the GCOMM_TIMEOUT_MS deadline and names the peer. Channel 0 carries collectives (each rank
- * publishes its whole image of a chunk once, every rank that needs it reads it); channel 1 + r the
- * sends to rank r, read by r alone. A group's collectives run in call order, its sends to and
- * receives from each peer each in their own order, interleaved so that no order of calls in a group
- * deadlocks. Not graph-capturable: the flags are set when the host enqueues, not when a graph
- * replays.
- *
- * What remains slow without MPS: each rank's context must still run once per operation, after its
- * peers' (their inputs first), and each switch between the processes' contexts costs the GPU
- * scheduler ~100+ us (one H100: ~290 us an operation at 2 ranks, 870 at 4; docs/PERF.md).
+ * only on records enqueued before it. On the staging the host waits only for the peers' calls,
+ * never for the GPU (a call may wait for the peers it needs to make it, never for the GPU to run
+ * it); every host wait has the GCOMM_TIMEOUT_MS deadline and names the peer. Channel 0 carries
+ * collectives (each rank publishes its whole image of a chunk once, every rank that needs it reads
+ * it); channel 1 + r the sends to rank r, read by r alone. A group's collectives run in call
+ * order, its sends to and receives from each peer each in their own order, interleaved so that no
+ * order of calls in a group deadlocks. Not graph-capturable: the flags are set when the host
+ * enqueues, not when a graph replays.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,8 +234,8 @@ typedef struct {
   shPhase_t* phases;
   shTask_t* tasks;
   int nTasks;
-  int waitPeer;     /* the rank the last blocked phase waits for */
-  const char* what; /* and what for */
+  int waitPeer;      /* the rank the last blocked phase waits for */
+  const char* what;  /* and what for */
   cudaEvent_t event; /* the event a wait on the GPU's progress queries */
 } shRun_t;
 
@@ -780,11 +794,8 @@ static gcommResult_t directBuffers(shRun_t* run, const gcommOp_t* op, char** in,
 static gcommResult_t directReduce(shRun_t* run, const gcommOp_t* op, char** in, size_t off,
                                   char** outs, int nOut) {
   int n = run->comm->nranks;
-  gcommReduceArgs_t a = {.count = op->count,
-                         .nIn = n,
-                         .nOut = nOut,
-                         .datatype = op->datatype,
-                         .redop = op->redop};
+  gcommReduceArgs_t a = {
+      .count = op->count, .nIn = n, .nOut = nOut, .datatype = op->datatype, .redop = op->redop};
   for (int r = 0; r < n; r++) a.in[r] = in[r] + off;
   for (int k = 0; k < nOut; k++) a.out[k] = outs[k];
   if (op->redop == gcommAvg) a.divide = n;

@@ -132,8 +132,8 @@ static void work(ctx_t* c, int useCopy, unsigned long long* flag, unsigned long 
 /* ---- the ping-pong schemes: one round trip is A's work, then B's ---- */
 
 enum { GPUWAIT, QUERY, EVSYNC, EVBLOCK, STRSYNC, GPUFLAG, LATEWAIT };
-static const char* schemeName[] = {"gpuwait", "query", "evsync", "evblock", "strsync",
-                                   "gpuflag", "latewait"};
+static const char* schemeName[] = {"gpuwait", "query",   "evsync",  "evblock",
+                                   "strsync", "gpuflag", "latewait"};
 
 /* Waits (host or stream) until the peer's round r is done or ordered, per the scheme. */
 static void awaitPeer(ctx_t* c, int scheme, unsigned long long* enq, unsigned long long* gpu,
@@ -317,8 +317,8 @@ static void child(shared_t* sh, int me, int rounds) {
 int main(int argc, char** argv) {
   int rounds = argc > 1 ? atoi(argv[1]) : 300;
   size_t bytes = (sizeof(shared_t) + 4095) / 4096 * 4096;
-  shared_t* sh = (shared_t*)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                                 -1, 0);
+  shared_t* sh =
+      (shared_t*)mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (sh == MAP_FAILED) return perror("mmap"), 1;
   memset(sh, 0, bytes);
   printf("# two processes on GPU 0, %d round trips a measurement; scheme, work, us\n", rounds);
