@@ -183,11 +183,16 @@ gcommResult_t gcommGpuSharedConnect(gcommComm_t comm) {
   if (res == gcommSuccess) res = openPeers(comm, s, all);
   free(all);
   if (res == gcommSuccess)
-    GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
-               "GPU %d: %d ranks share it through staging (GCOMM_SHARED_GPU=copy path): %zu bytes "
-               "of GPU memory, chunks of %zu bytes (collectives) and %zu (sends), copies by %s",
-               comm->device, n, stagingBytes(s, n), s->collSlot, s->p2pSlot,
-               s->smCopy ? "a kernel (GCOMM_SHARED_GPU_COPY=sm)" : "copy engines");
+    GCOMM_INFO(
+        GCOMM_SUBSYS_INIT, comm,
+        "GPU %d: %d ranks share it through staging (GCOMM_SHARED_GPU=copy path): %zu bytes "
+        "of GPU memory, chunks of %zu bytes (collectives) and %zu (sends), copies by %s; %s",
+        comm->device, n, stagingBytes(s, n), s->collSlot, s->p2pSlot,
+        s->smCopy ? "a kernel (GCOMM_SHARED_GPU_COPY=sm)" : "copy engines",
+        !comm->params.sharedDirect ? "every call through staging (GCOMM_SHARED_GPU_DIRECT=0)"
+        : s->pointerAttributes == NULL
+            ? "every call through staging (no cuPointerGetAttributes in the driver)"
+            : "all-reduce, reduce, reduce-scatter, all-gather, broadcast run by rank 0 alone");
   return res;
 }
 
@@ -790,6 +795,7 @@ static gcommResult_t directBuffers(shRun_t* run, const gcommOp_t* op, char** in,
   }
   return gcommSuccess;
 }
+
 /* outs[k] <- the reduction of every rank's input at byte offset off, for each of nOut outputs. */
 static gcommResult_t directReduce(shRun_t* run, const gcommOp_t* op, char** in, size_t off,
                                   char** outs, int nOut) {

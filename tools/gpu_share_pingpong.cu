@@ -29,6 +29,13 @@
  * Build: nvcc -O2 -arch=sm_90 -o gpu_share_pingpong tools/gpu_share_pingpong.cu
  * Run: ./gpu_share_pingpong [rounds]   (MPS off: echo quit | nvidia-cuda-mps-control)
  * Prints one line per scheme: microseconds a round trip (or an operation), best and median of 5.
+ *
+ * One H200 (driver 580), 1000 round trips, median us, kernel / copy8: gpuwait 285 / 285, query
+ * 293 / 295, evsync 293 / 293, evblock 358 / 355, strsync 291 / 292, gpuflag 289 / 294, latewait
+ * 285 / 288; an 8-byte all-reduce: alone 8.3, lead-flag 7.4, lead-wait 282. A round trip is two
+ * switches of the GPU between the contexts, ~140 us each, whether a stream waits in the GPU's
+ * front end or no stream waits at all (the host orders the work): the switch itself costs it, not
+ * a semaphore wait holding the slice. Only a call that one context runs alone is fast.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
