@@ -138,12 +138,13 @@ int gcommKernelTimerPing(volatile uint64_t* flags, void* stream);
 #define GCOMM_REDUCE_MAX_INPUTS 16
 typedef struct {
   const void* in[GCOMM_REDUCE_MAX_INPUTS]; /* combined in this order: the same bits everywhere */
-  void* out;
+  void* out[GCOMM_REDUCE_MAX_INPUTS]; /* the result goes to each (an all-reduce: every rank's) */
   size_t count;
-  int nIn, datatype, redop;
+  int nIn, nOut, datatype, redop;
   int divide; /* Avg: the result divided by this; 0: not */
 } gcommReduceArgs_t;
-/* out[i] = in[0][i] op in[1][i] op ... (then / divide). Returns a cudaError_t. */
+/* out[k][i] = in[0][i] op in[1][i] op ... (then / divide), for every output k: an output that is
+ * also an input is read before it is written (the same element). Returns a cudaError_t. */
 int gcommReduceLaunch(const gcommReduceArgs_t* args, void* stream);
 /* Copies rows x bytes: dst + r * dstPitch <- src + r * srcPitch (pitches in bytes), with 16-byte
  * accesses when everything is 16-byte aligned. Returns a cudaError_t. */

@@ -3,8 +3,26 @@
  * by gcomm_bootstrap.c). Their contexts time-slice the GPU: a kernel block that spins for a peer's
  * block holds the GPU for its whole slice, so every operation of the main kernels costs a slice
  * (milliseconds) whatever its size. Here nothing on the GPU ever waits for a peer while it holds
- * SMs. The calling thread executes each call (or group) as stream-ordered work on the caller's
- * stream, meeting the peers' calling threads through flags in their shared-memory status pages:
+ * SMs. The calling thread executes each call (or group) as stream-ordered work, meeting the peers'
+ * calling threads through flags in their shared-memory status pages, on one of two paths.
+ *
+ * Why two: every hand-off between two processes' contexts costs the GPU about 140 us without MPS,
+ * whether the stream waits on the GPU (cudaStreamWaitEvent) or the host waits for the peer's work
+ * to end and only then enqueues: switching to a context costs that much even when the other one
+ * is idle (tools/gpu_share_pingpong.cu, one H200: a 2-process ping-pong took 285-294 us a round
+ * trip in every way of ordering it, 355 with blocking-sync events; one process alone, 8 us). So
+ * the fast path is the one where a single context does all the work of a call.
+ *
+ * The direct path (GCOMM_SHARED_GPU_DIRECT; all-reduce, reduce, reduce-scatter, all-gather and
+ * broadcast alone in a call, not PreMulSum): rank 0 runs the whole collective on its own stream
+ * over every rank's buffers, mapped through CUDA IPC; the other ranks drain their streams, post
+ * their buffers' handles and wait on the host for rank 0's event, so their contexts never run:
+ * 29 us an 8-byte all-reduce at 2 ranks, 43 at 4, 108 us at 64 MB at 2 ranks (one H200). Their
+ * calls return with the work done: they wait for their own GPU and for rank 0's.
+ *
+ * The staging (everything else: send/recv, groups, the other collectives, buffers that CUDA IPC
+ * cannot share), on the caller's stream, each rank's context once per operation after its peers'
+ * (~290 us an operation at 2 ranks):
  *
  *   publish a chunk: copy the chunk of the input into this rank's staging slot (copy engines or a
  *     copy kernel, GCOMM_SHARED_GPU_COPY; PreMulSum's scaling kernel), record this rank's
@@ -20,22 +38,20 @@
  * One event per rank is enough: a stream wait covers the event's latest record, and that record
  * follows (in its rank's stream) everything the flag that was seen speaks of. No GPU wait can
  * deadlock: every wait enqueued names a record enqueued earlier (its flag was seen), which waits
- * only on records enqueued before it. The host waits only for the peers' calls, never for the GPU
- * (a call may wait for the peers it needs to make it, never for the GPU to run it); every host wait
- * has the GCOMM_TIMEOUT_MS deadline and names the peer. Channel 0 carries collectives (each rank
- * publishes its whole image of a chunk once, every rank that needs it reads it); channel 1 + r the
- * sends to rank r, read by r alone. A group's collectives run in call order, its sends to and
- * receives from each peer each in their own order, interleaved so that no order of calls in a group
- * deadlocks. Not graph-capturable: the flags are set when the host enqueues, not when a graph
- * replays.
- *
- * What remains slow without MPS: each rank's context must still run once per operation, after its
- * peers' (their inputs first), and each switch between the processes' contexts costs the GPU
- * scheduler ~100+ us (one H100: ~290 us an operation at 2 ranks, 870 at 4; docs/PERF.md).
+ * only on records enqueued before it. On the staging the host waits only for the peers' calls,
+ * never for the GPU (a call may wait for the peers it needs to make it, never for the GPU to run
+ * it); every host wait has the GCOMM_TIMEOUT_MS deadline and names the peer. Channel 0 carries
+ * collectives (each rank publishes its whole image of a chunk once, every rank that needs it reads
+ * it); channel 1 + r the sends to rank r, read by r alone. A group's collectives run in call
+ * order, its sends to and receives from each peer each in their own order, interleaved so that no
+ * order of calls in a group deadlocks. Not graph-capturable: the flags are set when the host
+ * enqueues, not when a graph replays.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cuda.h> /* cuPointerGetAttributes' types: called through the runtime, not linked */
 
 #include "gcomm_core.h" /* gcommIsReduction */
 #include "gcomm_gpu_engine.h"
@@ -43,6 +59,8 @@
 _Static_assert(GCOMM_SHARED_MAX_RANKS <= GCOMM_REDUCE_MAX_INPUTS, "a reduction reads every rank");
 #define MAXR GCOMM_SHARED_MAX_RANKS
 #define SLOTS GCOMM_SHARED_SLOTS
+#define DIRECT_MAPS 32 /* other ranks' allocations kept mapped on the lead rank */
+#define LEAD 0         /* the rank that runs a direct call */
 
 typedef struct {
   cudaIpcMemHandle_t mem;
@@ -66,6 +84,23 @@ struct gcommShared {
   cudaStream_t lastStream;
   int called;
   int smCopy; /* GCOMM_SHARED_GPU_COPY=sm: staging copies by a kernel, not copy engines */
+  /* the direct path */
+  uint64_t directCalls; /* calls that went to it (every rank counts alike) */
+  struct {
+    int rank;
+    unsigned long long id; /* the allocation's id in rank's process */
+    char handle[64];
+    void* base;
+    uint64_t used;
+  } maps[DIRECT_MAPS]; /* the lead rank: other ranks' allocations it has mapped */
+  int nMaps;
+  uint64_t mapClock;
+  /* cuPointerGetAttributes: a buffer's allocation (its start, its process-wide unique id) */
+  CUresult (*pointerAttributes)(unsigned n, CUpointer_attribute* attrs, void** data, CUdeviceptr p);
+  struct {
+    unsigned long long id;
+    cudaIpcMemHandle_t handle;
+  } lastCard[2]; /* the allocations of this rank's latest send and receive buffers */
 };
 
 /* ---- setup and teardown ---- */
@@ -108,6 +143,20 @@ static gcommResult_t openPeers(gcommComm_t comm, struct gcommShared* s, sharedCa
   return gcommSuccess;
 }
 
+/* cuPointerGetAttributes, through the runtime's driver entry points (no link to libcuda):
+ * without it no call goes the direct path. */
+static void findPointerAttributes(struct gcommShared* s) {
+  enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  void* fn = NULL;
+  if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault,
+                                       &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    fn = NULL;
+  }
+  s->pointerAttributes = (CUresult(*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr))fn;
+}
+
 gcommResult_t gcommGpuSharedConnect(gcommComm_t comm) {
   int n = comm->nranks;
   struct gcommShared* s = calloc(1, sizeof(*s));
@@ -121,6 +170,7 @@ gcommResult_t gcommGpuSharedConnect(gcommComm_t comm) {
   s->collSlot = (size_t)comm->params.sharedChunk / 256 * 256;
   s->smCopy = comm->params.sharedCopyBy == 1;
   s->p2pSlot = s->collSlot / 4 / 256 * 256 > 4096 ? s->collSlot / 4 / 256 * 256 : 4096;
+  findPointerAttributes(s);
   mine.failed = makeOwn(comm, s, &mine) != gcommSuccess;
   /* every rank reaches the exchange, so that one rank's failure fails all of them */
   int rc = MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all, sizeof(mine), MPI_BYTE, comm->mpiComm);
@@ -133,11 +183,16 @@ gcommResult_t gcommGpuSharedConnect(gcommComm_t comm) {
   if (res == gcommSuccess) res = openPeers(comm, s, all);
   free(all);
   if (res == gcommSuccess)
-    GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
-               "GPU %d: %d ranks share it through staging (GCOMM_SHARED_GPU=copy path): %zu bytes "
-               "of GPU memory, chunks of %zu bytes (collectives) and %zu (sends), copies by %s",
-               comm->device, n, stagingBytes(s, n), s->collSlot, s->p2pSlot,
-               s->smCopy ? "a kernel (GCOMM_SHARED_GPU_COPY=sm)" : "copy engines");
+    GCOMM_INFO(
+        GCOMM_SUBSYS_INIT, comm,
+        "GPU %d: %d ranks share it through staging (GCOMM_SHARED_GPU=copy path): %zu bytes "
+        "of GPU memory, chunks of %zu bytes (collectives) and %zu (sends), copies by %s; %s",
+        comm->device, n, stagingBytes(s, n), s->collSlot, s->p2pSlot,
+        s->smCopy ? "a kernel (GCOMM_SHARED_GPU_COPY=sm)" : "copy engines",
+        !comm->params.sharedDirect ? "every call through staging (GCOMM_SHARED_GPU_DIRECT=0)"
+        : s->pointerAttributes == NULL
+            ? "every call through staging (no cuPointerGetAttributes in the driver)"
+            : "all-reduce, reduce, reduce-scatter, all-gather, broadcast run by rank 0 alone");
   return res;
 }
 
@@ -145,6 +200,7 @@ gcommResult_t gcommGpuSharedConnect(gcommComm_t comm) {
 void gcommGpuSharedFree(gcommComm_t comm) {
   struct gcommShared* s = comm->dev->shared;
   if (s == NULL) return;
+  for (int i = 0; i < s->nMaps; i++) cudaIpcCloseMemHandle(s->maps[i].base);
   for (int r = 0; r < comm->nranks; r++) {
     if (s->event[r] != NULL) cudaEventDestroy(s->event[r]);
     if (r != comm->rank && s->base[r] != NULL) cudaIpcCloseMemHandle(s->base[r]);
@@ -183,8 +239,9 @@ typedef struct {
   shPhase_t* phases;
   shTask_t* tasks;
   int nTasks;
-  int waitPeer;     /* the rank the last blocked phase waits for */
-  const char* what; /* and what for */
+  int waitPeer;      /* the rank the last blocked phase waits for */
+  const char* what;  /* and what for */
+  cudaEvent_t event; /* the event a wait on the GPU's progress queries */
 } shRun_t;
 
 static int isSend(const gcommOp_t* op) {
@@ -307,15 +364,20 @@ static int channelOf(const shOp_t* o) {
   return isP2p(o->op) ? 1 + o->op->peer : 0;
 }
 
-/* Whether rank r's chunk seq on ch holds this call: a peer in another call is named. */
-static gcommResult_t checkTag(shRun_t* run, const shOp_t* o, int r, int ch, uint64_t seq) {
-  uint32_t got = run->s->flags[r]->tag[ch][seq % SLOTS], want = o->op->tag;
+/* Rank r's call (tag got) against this one: a peer in another call is named. */
+static gcommResult_t tagMatches(shRun_t* run, const gcommOp_t* op, int r, uint32_t got) {
+  uint32_t want = op->tag;
   if (want == 0 || got == want) return gcommSuccess;
   char what[256];
   gcommDescribeMismatch(what, sizeof(what), GCOMM_SLOT_WORD(got, 0), GCOMM_SLOT_WORD(want, 0));
   return GCOMM_ERROR(run->comm, gcommInvalidUsage, r,
                      "%s (ranks sharing a GPU, copy path): rank %d made a different call: %s",
-                     gcommFuncName(o->op->func), r, what);
+                     gcommFuncName(op->func), r, what);
+}
+
+/* Whether rank r's chunk seq on ch holds this call. */
+static gcommResult_t checkTag(shRun_t* run, const shOp_t* o, int r, int ch, uint64_t seq) {
+  return tagMatches(run, o->op, r, run->s->flags[r]->tag[ch][seq % SLOTS]);
 }
 
 /* A publish may go once every reader of the chunk two before it in the slot has read it. */
@@ -427,9 +489,10 @@ static gcommResult_t readChunk(shRun_t* run, const shOp_t* o, size_t j) {
     return copyRows(run, out + off * o->esz, 0, slotOf(s, op->peer, 1 + me, o->base[0] + j), 0,
                     bytes, 1);
   if (gcommIsReduction(op->func)) {
-    gcommReduceArgs_t a = {.out = out + off * o->esz,
+    gcommReduceArgs_t a = {.out = {out + off * o->esz},
                            .count = len,
                            .nIn = n,
+                           .nOut = 1,
                            .datatype = op->datatype,
                            .redop = op->redop};
     for (int r = 0; r < n; r++) a.in[r] = slotOf(s, r, 0, o->base[r] + j) + mine;
@@ -504,14 +567,20 @@ static gcommResult_t advance(shRun_t* run, int* left, int* moved) {
   return gcommSuccess;
 }
 
-static gcommResult_t runTasks(shRun_t* run) {
+/* One look at what a wait waits for: *done when it is there, *moved when something advanced
+ * (the deadline starts again). */
+typedef gcommResult_t (*shStep_t)(shRun_t* run, void* arg, int* done, int* moved);
+
+/* Steps until done; GCOMM_TIMEOUT_MS without a move, the peer's death or stop, or an abort end
+ * the wait with an error naming run->waitPeer. */
+static gcommResult_t waitSteps(shRun_t* run, shStep_t step, void* arg) {
   gcommComm_t comm = run->comm;
   uint64_t timeoutNs = (uint64_t)comm->params.timeoutMs * 1000000, idleSince = 0;
   uint64_t since = gcommNowNs(), lastProbe = since;
   for (;;) {
-    int left = 0, moved = 0;
-    GCOMM_CHECK(advance(run, &left, &moved));
-    if (left == 0) return gcommSuccess;
+    int done = 0, moved = 0;
+    GCOMM_CHECK(step(run, arg, &done, &moved));
+    if (done) return gcommSuccess;
     if (moved) {
       since = gcommNowNs(), idleSince = 0;
       continue;
@@ -530,6 +599,262 @@ static gcommResult_t runTasks(shRun_t* run) {
   }
 }
 
+static gcommResult_t tasksStep(shRun_t* run, void* arg, int* done, int* moved) {
+  int left = 0;
+  (void)arg;
+  GCOMM_CHECK(advance(run, &left, moved));
+  *done = left == 0;
+  return gcommSuccess;
+}
+
+/* ---- the direct path: the lead rank runs a whole collective on its own stream ----
+ *
+ * Every hand-off between two processes' contexts costs the GPU ~140 us without MPS, whether the
+ * stream waits on the GPU or the host waits and then enqueues (tools/gpu_share_pingpong.cu), so a
+ * call is fast only if one context does all its GPU work. A collective that fits (directFits)
+ * goes so: each other rank drains its stream (its input written, its output no longer read), posts
+ * the IPC handles of its buffers' allocations and waits; the lead rank (rank 0) maps them (kept
+ * open, directMap), enqueues the reduction and copies between every rank's buffers on its own
+ * stream, records its event and answers; the others wait on the host until that event has
+ * completed and return with their stream empty. Their contexts never run, so an 8-byte all-reduce
+ * costs one launch or two. A buffer that cannot be shared (not from cudaMalloc) makes the lead
+ * answer "staging", and every rank runs the call on the staging path instead. */
+
+static int directFunc(int func) {
+  return func == gcommFuncAllReduce || func == gcommFuncReduce || func == gcommFuncBroadcast ||
+         func == gcommFuncAllGather || func == gcommFuncReduceScatter;
+}
+
+/* Whether this call goes direct: the same answer on every rank (the same call everywhere). */
+static int directFits(gcommComm_t comm, const gcommOp_t* ops, int n) {
+  const gcommOp_t* op = ops;
+  return comm->params.sharedDirect && n == 1 && directFunc(op->func) && op->count > 0 &&
+         !(op->redop == GCOMM_OP_PREMULSUM && gcommIsReduction(op->func));
+}
+
+/* Whether rank r's sendbuff (which 0) or recvbuff (1) takes part in op. */
+static int directUses(const gcommOp_t* op, int r, int which) {
+  if (which == 0) return op->func != gcommFuncBroadcast || r == op->root;
+  return op->func != gcommFuncReduce || r == op->root;
+}
+
+/* Until run->event has completed or, without one, run->stream has run all its work. */
+static gcommResult_t gpuIdleStep(shRun_t* run, void* arg, int* done, int* moved) {
+  cudaError_t e = run->event != NULL ? cudaEventQuery(run->event) : cudaStreamQuery(run->stream);
+  (void)arg, (void)moved;
+  *done = e == cudaSuccess;
+  if (e == cudaErrorNotReady || e == cudaSuccess) return gcommSuccess;
+  CUDA_CHECK(run->comm, run->waitPeer, e);
+  return gcommSuccess;
+}
+
+/* The IPC handle of buf's allocation (its id and offset too); 0 if it cannot be shared. */
+static int shareable(struct gcommShared* s, int which, const void* buf, gcommSharedCard_t* card) {
+  unsigned long long id = 0, start = 0;
+  CUpointer_attribute attrs[2] = {CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR};
+  void* data[2] = {&id, &start};
+  if (s->pointerAttributes == NULL ||
+      s->pointerAttributes(2, attrs, data, (CUdeviceptr)(uintptr_t)buf) != CUDA_SUCCESS)
+    return 0;
+  if (s->lastCard[which].id != id) {
+    if (cudaIpcGetMemHandle(&s->lastCard[which].handle, (void*)(uintptr_t)start) != cudaSuccess) {
+      cudaGetLastError(); /* not sticky: the call takes the staging */
+      return 0;
+    }
+    s->lastCard[which].id = id;
+  }
+  memcpy(card->handle[which], &s->lastCard[which].handle, sizeof(cudaIpcMemHandle_t));
+  card->id[which] = id;
+  card->offset[which] = (uintptr_t)buf - start;
+  return 1;
+}
+
+/* This rank's card: the IPC handle of each buffer's allocation and the buffer's offset in it. */
+static void postCard(shRun_t* run, const gcommOp_t* op) {
+  int me = run->comm->rank;
+  gcommSharedCard_t* card = &run->s->flags[me]->card;
+  const void* buf[2] = {op->sendbuff, op->recvbuff};
+  card->ok = 1;
+  card->tag = op->tag;
+  for (int w = 0; w < 2; w++)
+    if (directUses(op, me, w)) card->ok &= shareable(run->s, w, buf[w], card);
+}
+
+static gcommResult_t answerStep(shRun_t* run, void* arg, int* done, int* moved) {
+  uint64_t call = *(uint64_t*)arg;
+  (void)moved;
+  *done = __atomic_load_n(&run->s->flags[LEAD]->directAnswer, __ATOMIC_ACQUIRE) >> 1 >= call;
+  return gcommSuccess;
+}
+
+/* A rank other than the lead: drained, card posted, the lead's answer, the lead's work done. */
+static gcommResult_t followDirect(shRun_t* run, const gcommOp_t* op, int* done) {
+  struct gcommShared* s = run->s;
+  int me = run->comm->rank;
+  uint64_t call = ++s->directCalls;
+  run->waitPeer = me, run->what = "run the work on its stream before the call (its own GPU)";
+  GCOMM_CHECK(waitSteps(run, gpuIdleStep, NULL));
+  postCard(run, op);
+  __atomic_store_n(&s->flags[me]->directPosted, call, __ATOMIC_RELEASE);
+  run->waitPeer = LEAD, run->what = "take the call (direct path)";
+  GCOMM_CHECK(waitSteps(run, answerStep, &call));
+  *done = __atomic_load_n(&s->flags[LEAD]->directAnswer, __ATOMIC_ACQUIRE) & 1;
+  if (!*done) return gcommSuccess;
+  run->event = s->event[LEAD], run->what = "finish the call on the GPU (direct path)";
+  return waitSteps(run, gpuIdleStep, NULL);
+}
+
+static gcommResult_t postedStep(shRun_t* run, void* arg, int* done, int* moved) {
+  uint64_t call = *(uint64_t*)arg;
+  *done = 1;
+  for (int r = 0; r < run->comm->nranks; r++) {
+    if (r == LEAD) continue;
+    run->waitPeer = r, run->what = "reach the call (direct path)";
+    if (__atomic_load_n(&run->s->flags[r]->directPosted, __ATOMIC_ACQUIRE) < call) {
+      *done = 0;
+      return gcommSuccess;
+    }
+  }
+  (void)moved;
+  return gcommSuccess;
+}
+
+/* Closes mapping i once the lead's work so far has ended (it may read it). */
+static gcommResult_t directUnmap(shRun_t* run, int i) {
+  struct gcommShared* s = run->s;
+  run->event = s->event[LEAD], run->waitPeer = LEAD;
+  run->what = "end its work before a buffer is unmapped (its own GPU)";
+  GCOMM_CHECK(waitSteps(run, gpuIdleStep, NULL));
+  CUDA_CHECK(run->comm, s->maps[i].rank, cudaIpcCloseMemHandle(s->maps[i].base));
+  s->maps[i] = s->maps[--s->nMaps];
+  return gcommSuccess;
+}
+
+/* Maps rank r's allocation of its card's buffer which; *i its entry, or -1 if it cannot be. A
+ * full table gives up its least recently used entry. */
+static gcommResult_t directOpen(shRun_t* run, int r, int which, int* i) {
+  struct gcommShared* s = run->s;
+  const gcommSharedCard_t* card = &s->flags[r]->card;
+  cudaIpcMemHandle_t h;
+  void* base = NULL;
+  if (s->nMaps == DIRECT_MAPS) {
+    int old = 0;
+    for (int k = 1; k < s->nMaps; k++)
+      if (s->maps[k].used < s->maps[old].used) old = k;
+    GCOMM_CHECK(directUnmap(run, old));
+  }
+  for (int k = 0; k < s->nMaps; k++) /* the same handle, another id: a freed allocation's */
+    if (s->maps[k].rank == r && !memcmp(s->maps[k].handle, card->handle[which], sizeof(h))) {
+      GCOMM_CHECK(directUnmap(run, k));
+      break;
+    }
+  memcpy(&h, card->handle[which], sizeof(h));
+  *i = -1;
+  if (cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+    cudaGetLastError(); /* not sticky: the call takes the staging */
+    return gcommSuccess;
+  }
+  *i = s->nMaps++;
+  s->maps[*i].rank = r, s->maps[*i].id = card->id[which], s->maps[*i].base = base;
+  memcpy(s->maps[*i].handle, card->handle[which], sizeof(h));
+  return gcommSuccess;
+}
+
+/* Rank r's buffer which (0 send, 1 recv) as the lead addresses it; NULL if it cannot be mapped.
+ * An allocation is known by its id, never reused in its process: a handle alone might be. */
+static gcommResult_t directMap(shRun_t* run, int r, int which, char** ptr) {
+  struct gcommShared* s = run->s;
+  const gcommSharedCard_t* card = &s->flags[r]->card;
+  int i = 0;
+  while (i < s->nMaps && !(s->maps[i].rank == r && s->maps[i].id == card->id[which])) i++;
+  if (i == s->nMaps) GCOMM_CHECK(directOpen(run, r, which, &i));
+  *ptr = NULL;
+  if (i < 0) return gcommSuccess;
+  s->maps[i].used = ++s->mapClock;
+  *ptr = (char*)s->maps[i].base + card->offset[which];
+  return gcommSuccess;
+}
+
+/* Every rank's buffers as the lead addresses them; *ok 0 if one of them cannot be. */
+static gcommResult_t directBuffers(shRun_t* run, const gcommOp_t* op, char** in, char** out,
+                                   int* ok) {
+  struct gcommShared* s = run->s;
+  *ok = 1;
+  for (int r = 0; r < run->comm->nranks; r++) {
+    in[r] = (char*)op->sendbuff, out[r] = (char*)op->recvbuff;
+    if (r == LEAD) continue;
+    GCOMM_CHECK(tagMatches(run, op, r, s->flags[r]->card.tag));
+    *ok &= s->flags[r]->card.ok;
+    for (int w = 0; w < 2 && *ok; w++) {
+      char** p = w == 0 ? &in[r] : &out[r];
+      if (!directUses(op, r, w)) continue;
+      GCOMM_CHECK(directMap(run, r, w, p));
+      *ok &= *p != NULL;
+    }
+  }
+  return gcommSuccess;
+}
+
+/* outs[k] <- the reduction of every rank's input at byte offset off, for each of nOut outputs. */
+static gcommResult_t directReduce(shRun_t* run, const gcommOp_t* op, char** in, size_t off,
+                                  char** outs, int nOut) {
+  int n = run->comm->nranks;
+  gcommReduceArgs_t a = {
+      .count = op->count, .nIn = n, .nOut = nOut, .datatype = op->datatype, .redop = op->redop};
+  for (int r = 0; r < n; r++) a.in[r] = in[r] + off;
+  for (int k = 0; k < nOut; k++) a.out[k] = outs[k];
+  if (op->redop == gcommAvg) a.divide = n;
+  CUDA_CHECK(run->comm, -1, (cudaError_t)gcommReduceLaunch(&a, run->stream));
+  return gcommSuccess;
+}
+
+static gcommResult_t directCopy(shRun_t* run, char* dst, const char* src, size_t bytes) {
+  return dst == src ? gcommSuccess : copyRows(run, dst, 0, src, 0, bytes, 1);
+}
+
+/* The whole collective between every rank's buffers, on the lead's stream, in one kernel where it
+ * can (an all-reduce writes every rank's output at once). An in-place rank's input is read before
+ * its output is written: by the same element of the one reduction, or by a copy out of another
+ * rank's buffer. */
+static gcommResult_t directWork(shRun_t* run, const gcommOp_t* op, char** in, char** out) {
+  int n = run->comm->nranks, root = op->root;
+  size_t bytes = op->count * gcommTypeSize(op->datatype);
+  switch (op->func) {
+    case gcommFuncAllReduce:
+      return directReduce(run, op, in, 0, out, n);
+    case gcommFuncReduce:
+      return directReduce(run, op, in, 0, &out[root], 1);
+    case gcommFuncReduceScatter:
+      for (int r = 0; r < n; r++) GCOMM_CHECK(directReduce(run, op, in, r * bytes, &out[r], 1));
+      return gcommSuccess;
+    case gcommFuncBroadcast:
+      for (int r = 0; r < n; r++) GCOMM_CHECK(directCopy(run, out[r], in[root], bytes));
+      return gcommSuccess;
+    default: /* AllGather */
+      for (int r = 0; r < n; r++)
+        for (int k = 0; k < n; k++) GCOMM_CHECK(directCopy(run, out[r] + k * bytes, in[k], bytes));
+      return gcommSuccess;
+  }
+}
+
+/* The lead rank: every other rank's card, then the work on its stream (or the answer "staging"). */
+static gcommResult_t leadDirect(shRun_t* run, const gcommOp_t* op, int* done) {
+  struct gcommShared* s = run->s;
+  uint64_t call = ++s->directCalls;
+  char *in[MAXR], *out[MAXR];
+  int ok = 0;
+  GCOMM_CHECK(waitSteps(run, postedStep, &call));
+  GCOMM_CHECK(directBuffers(run, op, in, out, &ok));
+  if (ok) {
+    GCOMM_CHECK(directWork(run, op, in, out));
+    GCOMM_CHECK(recordOwn(run));
+  }
+  __atomic_store_n(&s->flags[LEAD]->directAnswer, call << 1 | (uint64_t)ok, __ATOMIC_RELEASE);
+  *done = ok;
+  return gcommSuccess;
+}
+
 gcommResult_t gcommGpuSharedRun(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
   enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   CUDA_CHECK(comm, -1, cudaStreamIsCapturing((cudaStream_t)stream, &capture));
@@ -543,9 +868,15 @@ gcommResult_t gcommGpuSharedRun(gcommComm_t comm, gcommOp_t* ops, int n, void* s
     CUDA_CHECK(comm, -1, cudaStreamWaitEvent(run.stream, s->event[comm->rank], 0));
   s->lastStream = run.stream;
   s->called = 1;
-  gcommResult_t res = planRun(&run, ops, n);
-  if (res == gcommSuccess) res = runTasks(&run);
-  freeRun(&run);
+  gcommResult_t res = gcommSuccess;
+  int done = 0;
+  if (directFits(comm, ops, n))
+    res = comm->rank == LEAD ? leadDirect(&run, ops, &done) : followDirect(&run, ops, &done);
+  if (res == gcommSuccess && !done) {
+    res = planRun(&run, ops, n);
+    if (res == gcommSuccess) res = waitSteps(&run, tasksStep, NULL);
+    freeRun(&run);
+  }
   if (res != gcommSuccess) { /* the ranks' counts no longer agree: the communicator stops */
     int ok = gcommSuccess;
     __atomic_compare_exchange_n(&comm->asyncError, &ok, (int)res, 0, __ATOMIC_ACQ_REL,

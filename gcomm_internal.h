@@ -98,6 +98,7 @@ typedef struct {
   int sharedGpu;         /* GCOMM_SHARED_GPU: GCOMM_SHARED_GPU_AUTO, _KERNELS or _COPY */
   int64_t sharedChunk;   /* GCOMM_SHARED_GPU_CHUNK: bytes of a collective staging slot */
   int sharedCopyBy;      /* GCOMM_SHARED_GPU_COPY: 0 copy engines, 1 a copy kernel (SMs) */
+  int sharedDirect;      /* GCOMM_SHARED_GPU_DIRECT: 1 one rank runs a whole collective */
   int64_t shmMemcpy;     /* GCOMM_SHM_USE_CUDA_MEMCPY */
   int64_t shmMemcpyMode; /* GCOMM_SHM_MEMCPY_MODE: GCOMM_SHM_COPY_SEND | GCOMM_SHM_COPY_RECV */
   int64_t shmLocality;   /* GCOMM_SHM_LOCALITY: GCOMM_SHM_AT_SENDER or GCOMM_SHM_AT_RECEIVER */
@@ -328,12 +329,26 @@ typedef struct {
 #define GCOMM_SHARED_MAX_RANKS 16
 #define GCOMM_SHARED_SLOTS 2
 typedef struct {
+  char handle[2][64]; /* cudaIpcMemHandle_t of the allocations holding sendbuff, recvbuff */
+  uint64_t offset[2]; /* of each buffer in its allocation */
+  uint64_t id[2];     /* each allocation's id in its process (CU_POINTER_ATTRIBUTE_BUFFER_ID) */
+  uint32_t tag;       /* the call */
+  int ok;             /* every handle the call needs was made */
+} gcommSharedCard_t;
+typedef struct {
   volatile uint64_t published[1 + GCOMM_SHARED_MAX_RANKS]; /* chunks published, per channel */
   volatile uint64_t readColl[GCOMM_SHARED_MAX_RANKS]; /* [r]: 1 + the last chunk of r's channel 0
                                                          this rank read */
   volatile uint64_t readP2p[GCOMM_SHARED_MAX_RANKS];  /* [r]: chunks of r's channel to this rank
                                                          read */
   volatile uint32_t tag[1 + GCOMM_SHARED_MAX_RANKS][GCOMM_SHARED_SLOTS]; /* each slot's call */
+  /* The direct path (one rank runs a whole call over every rank's buffers): a rank's card for its
+   * latest direct call, how many such calls it has posted a card for (its stream drained), and,
+   * on the lead rank, its answers: call << 1 | 1 when it enqueued the call, call << 1 when every
+   * rank takes the staging instead. */
+  gcommSharedCard_t card;
+  volatile uint64_t directPosted;
+  volatile uint64_t directAnswer;
 } gcommSharedFlags_t;
 typedef struct {
   volatile int code;     /* 0, or the gcommResult_t that stopped the rank (written after msg) */

@@ -94,6 +94,10 @@ static const gcommParamDef_t paramTable[] = {
      (int64_t)1 << 30, "GCOMM_SHARED_GPU=copy: bytes of a collective's staging chunk", SHARED},
     {"GCOMM_SHARED_GPU_COPY", "ce", PARAM_ENUM, PARAM_AT(sharedCopyBy), sharedCopyNames, 0, 0,
      "GCOMM_SHARED_GPU=copy: staging copies by copy engines (ce) or by a copy kernel (sm)", LOCAL},
+    {"GCOMM_SHARED_GPU_DIRECT", "1", PARAM_INT, PARAM_AT(sharedDirect), NULL, 0, 1,
+     "GCOMM_SHARED_GPU=copy: 1 the lowest rank runs a whole collective over the others' buffers "
+     "(CUDA IPC); 0 always the staging",
+     SHARED},
     {"GCOMM_PDL", "1", PARAM_INT, PARAM_AT(pdl), NULL, 0, 1,
      "0: a small GPU launch never starts before the previous one on its stream has finished",
      LOCAL},

@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(THREADS) reduceKernel(gcommReduceArgs_t a) {
     T v = ((const T*)a.in[0])[i];
     for (int k = 1; k < a.nIn; k++) v = gcommElem<TYPE>::reduce(a.redop, v, ((const T*)a.in[k])[i]);
     if (a.divide) v = gcommElem<TYPE>::divide(v, a.divide);
-    ((T*)a.out)[i] = v;
+    for (int k = 0; k < a.nOut; k++) ((T*)a.out[k])[i] = v;
   }
 }
 
