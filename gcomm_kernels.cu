@@ -629,8 +629,9 @@ static __device__ __forceinline__ int waitFifos(const gcommStep_t& st, const Que
  * (LL: past the slot's header line), and what to compute. */
 static __device__ __forceinline__ StepIo stepIo(const gcommDevWork_t& w, const gcommStep_t& st,
                                                 const gcommDevComm_t& comm, const Queue& q,
-                                                const StepPos& pos, bool ll, uint64_t scalar) {
-  const size_t esz = gcommTypeSize(w.datatype), hdr = ll ? GCOMM_LL_LINE : 0;
+                                                const StepPos& pos, bool ll, size_t esz,
+                                                uint64_t scalar) {
+  const size_t hdr = ll ? GCOMM_LL_LINE : 0;
   StepIo io;
   const char* in = st.src == GCOMM_BUF_IN    ? (const char*)w.sendbuff
                    : st.src == GCOMM_BUF_OUT ? (const char*)w.recvbuff
@@ -782,7 +783,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
       LlWait lw = {a.comm, &comm, &shDataFail, w.lane, sched.func, s};
       StepPos pos;
       if (stepPositions(st, q, ll, pos) && waitFifos(st, q, pos, ll, word, lw, shFail)) return;
-      const StepIo io = stepIo(w, st, comm, q, pos, ll, scalar);
+      const StepIo io = stepIo(w, st, comm, q, pos, ll, esz, scalar);
       if (ll && tid == hdrTid) llHeaders(io, st, word, lw);
       if (io.count > 0) {
         if (LL_ONLY)
