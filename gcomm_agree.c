@@ -116,20 +116,22 @@ static gcommResult_t gatherBoxes(gcommComm_t comm, gcommComm_t pc, const int* ra
       if (done[i]) continue;
       int r = ranks[i];
       const gcommBox_t* b = boxOf(pc, r, round);
-      if (b != NULL && b->bytes != bytes)
+      if (b != NULL && b->bytes != bytes) {
         res = GCOMM_ERROR(comm, gcommInvalidUsage, -1,
                           "%s: rank %d of \"%s\" is in another exchange (%llu bytes where this "
                           "rank has %zu)",
                           what, r, pc->name, (unsigned long long)b->bytes, bytes);
-      else if (b != NULL)
-        memcpy(all + (size_t)i * bytes, b->data, bytes), got[i] = done[i] = 1, left--;
-      else if (letGo != NULL && letGo(pc, ranks, n, i, got, all, bytes))
-        done[i] = 1, left--;
-      else if (probe && gcommPeerIsDead(pc, r))
+      } else if (b != NULL || (letGo != NULL && letGo(pc, ranks, n, i, got, all, bytes))) {
+        if (b != NULL) memcpy(all + (size_t)i * bytes, b->data, bytes);
+        got[i] = b != NULL;
+        done[i] = 1;
+        left--;
+      } else if (probe && gcommPeerIsDead(pc, r)) {
         res = GCOMM_ERROR(comm, gcommRemoteError, -1, "%s: rank %d of \"%s\" has died", what, r,
                           pc->name);
-      else if (late)
+      } else if (late) {
         res = notArrived(comm, pc, ranks, n, done, what);
+      }
     }
     if (left > 0) gcommBackoff(&idleSince, 5, 1000);
   }

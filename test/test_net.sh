@@ -143,6 +143,21 @@ for cfg in $FAULTS; do
   runProg test_fault
 done
 
+# Counts the line each survivor of a kill (every rank but $2) wrote in $1/rankR; $3 names the run.
+countSurvivors() {
+  local dir=$1 victim=$2 what=$3 r
+  for ((r = 0; r < n; r++)); do
+    [ "$r" = "$victim" ] && continue
+    if [ -s "$dir/rank$r" ]; then
+      cut -c1-400 "$dir/rank$r"
+      if grep -q '^PASS' "$dir/rank$r"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    else
+      fail "$what: survivor rank $r reported nothing (crashed or hung?)"
+      tail -20 "$out"
+    fi
+  done
+}
+
 # A rank dies in the middle of a large all-reduce.
 if [ "$hydra" = 1 ]; then keep=(-disable-auto-cleanup); else keep=(--mca orte_abort_on_non_zero_status 0); fi
 for cfg in $KILLS; do
@@ -158,16 +173,7 @@ for cfg in $KILLS; do
     "$tmp/node.sh" "$BUILD/test/test_netkill" >"$out" 2>&1
   rc=$?
   [ "$rc" = 124 ] && fail "test_netkill $cfg: the job hung"
-  for ((r = 0; r < n; r++)); do
-    [ "$r" = "$victim" ] && continue
-    if [ -s "$dir/rank$r" ]; then
-      cat "$dir/rank$r"
-      if grep -q '^PASS' "$dir/rank$r"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-    else
-      fail "test_netkill $cfg: survivor rank $r reported nothing (crashed or hung?)"
-      tail -20 "$out"
-    fi
-  done
+  countSurvivors "$dir" "$victim" "test_netkill $cfg"
   echo "== test_netkill $cfg: $(($(date +%s) - t0)) s"
 done
 
@@ -186,16 +192,7 @@ for cfg in $SHRINKS; do
       "${mpiexec_flags[@]}" "${keep[@]}" -n "$n" "$tmp/node.sh" "$BUILD/test/test_shrink" \
       >"$out" 2>&1
     [ $? = 124 ] && fail "test_shrink kill $cfg $how: the job hung"
-    for ((r = 0; r < n; r++)); do
-      [ "$r" = 1 ] && continue
-      if [ -s "$dir/rank$r" ]; then
-        cut -c1-400 "$dir/rank$r"
-        if grep -q '^PASS' "$dir/rank$r"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-      else
-        fail "test_shrink kill $cfg $how: survivor rank $r reported nothing (crashed or hung?)"
-        tail -20 "$out"
-      fi
-    done
+    countSurvivors "$dir" 1 "test_shrink kill $cfg $how"
     echo "== test_shrink kill $cfg $how: $(($(date +%s) - t0)) s"
   done
 done
