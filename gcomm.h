@@ -98,9 +98,9 @@ gcommResult_t gcommCommAbort(gcommComm_t comm);
  * gcommRevoked at once, and so do every other rank's as soon as it next waits, tests, enqueues or
  * asks gcommCommGetAsyncError, whether or not it waits on this rank: on this node through the
  * shared-memory status pages (within a millisecond or so), on other nodes through a message over
- * the network that every rank that learns of the revoke sends on (there once the message has
- * come: a few milliseconds over TCP). What comes next is gcommCommShrink (GCOMM_SHRINK_ABORT) or
- * gcommCommDestroy. */
+ * the network that every rank that learns of the revoke sends on (seen at the next call once it
+ * has come; a rank's engine reads the network every 100 ms while idle). What comes next is
+ * gcommCommShrink (GCOMM_SHRINK_ABORT) or gcommCommDestroy. */
 gcommResult_t gcommCommRevoke(gcommComm_t comm);
 /* Collective over the ranks of comm that are not in excludeRanks (nExclude of them, comm's ranks,
  * never this rank's): *newcomm holds the survivors, ranked in comm's order. Excluded ranks do not
