@@ -96,23 +96,25 @@ gcommResult_t gcommCommDestroy(gcommComm_t comm);
 gcommResult_t gcommCommAbort(gcommComm_t comm);
 /* Stops comm on every rank, from any thread: this rank's pending and future calls on comm return
  * gcommRevoked at once, and so do every other rank's as soon as it next waits, tests, enqueues or
- * asks gcommCommGetAsyncError (within a millisecond or so on this node, whether or not it waits on
- * this rank). What comes next is gcommCommShrink (GCOMM_SHRINK_ABORT) or gcommCommDestroy. Reaches
- * the ranks of this node only (through their shared-memory status pages); ranks on other nodes
- * stop at their deadline, or when one of their node's ranks revokes. */
+ * asks gcommCommGetAsyncError, whether or not it waits on this rank: on this node through the
+ * shared-memory status pages (within a millisecond or so), on other nodes through a message over
+ * the network that every rank that learns of the revoke sends on (seen at the next call once it
+ * has come; a rank's engine reads the network every 100 ms while idle). What comes next is
+ * gcommCommShrink (GCOMM_SHRINK_ABORT) or gcommCommDestroy. */
 gcommResult_t gcommCommRevoke(gcommComm_t comm);
 /* Collective over the ranks of comm that are not in excludeRanks (nExclude of them, comm's ranks,
  * never this rank's): *newcomm holds the survivors, ranked in comm's order. Excluded ranks do not
  * call. GCOMM_SHRINK_DEFAULT: comm is healthy and its host work finishes first (a GPU
  * communicator's streams are the caller's to synchronise); GCOMM_SHRINK_ABORT: comm's outstanding
  * work is aborted first (after a rank died, a revoke, an error). MPI is not used (it may be stuck
- * on a dead rank): the survivors meet through comm's shared-memory status pages, each wait bounded
- * by GCOMM_TIMEOUT_MS, and a rank found dead is excluded too, whether listed or not; a live rank
- * that neither calls nor is excluded fails every caller with gcommTimeout naming it. Every
- * survivor must reach the same set (else gcommInvalidUsage naming the rank that differs). The new
- * communicator gets fresh FIFOs (comm stays usable after a DEFAULT shrink); it needs every
- * survivor on this node, and has no MPI communicator, so it cannot be split. config NULL: inherit
- * comm's. */
+ * on a dead rank): the survivors meet through comm's shared-memory status pages and, across nodes,
+ * gcomm's own network, each wait bounded by GCOMM_TIMEOUT_MS, and a rank found dead by its node is
+ * excluded too, whether listed or not (a rank alone on its node that dies is seen by nobody: list
+ * it); a live rank that neither calls nor is excluded fails every caller with gcommTimeout naming
+ * it. Every survivor must reach the same set (else gcommInvalidUsage naming the rank that
+ * differs). The new communicator, on this node or across nodes, gets fresh FIFOs and network
+ * endpoints (comm stays usable after a DEFAULT shrink), and has no MPI communicator, so it cannot
+ * be split. config NULL: inherit comm's. */
 gcommResult_t gcommCommShrink(gcommComm_t comm, const int* excludeRanks, int nExclude,
                               gcommComm_t* newcomm, const gcommConfig_t* config, int flags);
 /* gcommSuccess, or the error that stopped the communicator (set by the progress engine). */

@@ -401,5 +401,9 @@ gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
 #endif
   /* after the profiler, which the thread's passes report to (commFree in gcomm.c finalizes it on
    * failure) */
-  return hasGpuProxy(comm) ? gcommStartGpuProxy(comm) : gcommSuccess;
+  if (hasGpuProxy(comm)) return gcommStartGpuProxy(comm);
+  /* spanning nodes: the engine reads the network from the start, every 100 ms while idle, so that
+   * a connection another rank opens to this one is taken, and a stop or revoke sent to it is
+   * there at its next call, whether or not it has called anything yet */
+  return spansNodes(comm) ? gcommStartThread(comm) : gcommSuccess;
 }

@@ -137,14 +137,21 @@ void gcommSetAsyncError(gcommComm_t comm, gcommResult_t res);
 /* Stops comm now (gcommCommAbort, gcommCommRevoke, a peer's revoke): res becomes its error, then
  * every wait on it returns. */
 void gcommStop(gcommComm_t comm, gcommResult_t res);
-/* Whether comm is revoked, here or (seen now on their status pages) by a rank of this node: the
- * first sight stops comm with gcommRevoked and marks this rank's page, so the revoke spreads. */
+/* comm is revoked by rank by (here, or seen now): it stops with gcommRevoked, this rank's page
+ * says so and the network tells the other nodes (from the next pass on), so the revoke spreads.
+ * The first revoke stays. */
+void gcommRevokeBy(gcommComm_t comm, int by);
+/* Whether comm is revoked, here or (seen now) by a rank of this node, on its status page, or of
+ * another node, through the network: the first sight revokes comm here (gcommRevokeBy). */
 int gcommRevokeSeen(gcommComm_t comm);
 /* gcommSuccess, or, when gcommRevokeSeen, the communicator's error recorded at where. */
 gcommResult_t gcommRevokedResult(gcommComm_t comm, const char* where);
 /* gcommSuccess, or a rank of this node has died: comm stops with its error, named, at where. */
 gcommResult_t gcommDeadPeerResult(gcommComm_t comm, const char* where);
 gcommResult_t gcommStartGpuProxy(gcommComm_t comm);
+/* The progress thread, once (thread mode; nothing in poll mode): started by the first post, or by
+ * the setup of a communicator that spans nodes or has a GPU proxy. */
+gcommResult_t gcommStartThread(gcommComm_t comm);
 
 /* ---- gcomm_wait.c ---- */
 struct timespec gcommDeadlineIn(long ns);

@@ -316,8 +316,10 @@ void gcommProfStop(gcommComm_t comm, void* handle);
 /* The page also carries what the ranks of a node exchange without MPI (gcomm_agree.c): which
  * gcommCommShrink of the communicator the rank has reached, and a mailbox of two boxes, one per
  * exchange parity: exchange k writes box k % 2, and a rank writes exchange k + 2 only after every
- * rank has posted k + 1, that is has finished reading k. */
-#define GCOMM_BOX_BYTES 1024
+ * rank has posted k + 1, that is has finished reading k. The network carries the same boxes to
+ * the ranks of other nodes (the transports' boxPost and boxRead). A box holds a network card
+ * (transports/net_ofi.c: 4 endpoints' addresses). */
+#define GCOMM_BOX_BYTES 2048
 typedef struct {
   volatile uint64_t round; /* the exchange whose data the box holds (written after it) */
   volatile uint64_t bytes;
@@ -355,8 +357,9 @@ typedef struct {
   volatile int finished; /* the rank destroyed the communicator after all its work succeeded */
   char msg[504];
   volatile uint64_t current[GCOMM_STATUS_LANES]; /* (seq + 1) << 32 | tag, 0: none yet */
-  gcommSharedFlags_t shared; /* in a node only: the network carries code and msg */
-  volatile int revoked;        /* gcommCommRevoke reached this rank (whatever code says) */
+  gcommSharedFlags_t shared;   /* in a node only: the network carries code and msg */
+  volatile int revoked;        /* 1 + the rank whose gcommCommRevoke reached this rank, or 0
+                                  (whatever code says) */
   volatile uint64_t shrinkSeq; /* the gcommCommShrink of this communicator the rank is in */
   volatile int excludedBy;     /* 1 + the survivor whose shrink left this rank out, or 0 */
   gcommBox_t box[2];
@@ -390,6 +393,17 @@ typedef struct {
   /* What it knows of rank's status (the executor's probes read it), or NULL: rank is not
    * reached through it. */
   gcommStatus_t* (*status)(gcommComm_t comm, int rank);
+  /* 1 + the rank whose gcommCommRevoke reached this rank through it (from ranks whose status
+   * pages this rank cannot read), or 0. mayRead: the caller holds progressLock, so it may read
+   * what has come since the last pass. */
+  int (*revokedBy)(gcommComm_t comm, int mayRead);
+  /* Exchanges without MPI (gcomm_agree.c) with the ranks it reaches that have no status page
+   * here. boxPost: this rank's box (mine->round, mine->bytes of data) to those of ranks[0..n) it
+   * reaches, polling until deadline for room. boxRead: rank's box of round once it came, else
+   * NULL (not yet, or rank not reached through it). Both under progressLock. */
+  gcommResult_t (*boxPost)(gcommComm_t comm, const gcommBox_t* mine, const int* ranks, int n,
+                           uint64_t deadline);
+  const gcommBox_t* (*boxRead)(gcommComm_t comm, int rank, uint64_t round);
   /* The progress thread starts: what its calls need (the GPU's device current there). */
   void (*threadStart)(gcommComm_t comm);
   /* Teardown, in two rounds over every transport: close (in order: after it, nothing lands in
@@ -487,7 +501,9 @@ struct gcommComm {
                    * progress thread must not go to sleep on it unseen */
   int abortFlag;  /* atomic */
   int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
-  int revokedBy;  /* atomic: the rank whose gcommCommRevoke stopped it (asyncError gcommRevoked) */
+  /* atomic: 1 + the rank whose gcommCommRevoke stopped it (asyncError gcommRevoked), once it
+   * was revoked here or seen revoked, else 0; the network tells the other nodes */
+  int revoked;
   uint64_t collSeq;
   uint64_t livenessNs; /* when the engine last probed the local ranks' pids */
   /* why this rank stopped, as gcommPublishStop tells the other ranks (code atomic, 0 until then,

@@ -146,22 +146,42 @@ void gcommStop(gcommComm_t comm, gcommResult_t res) {
 }
 
 /* A revoke travels as a word of each rank's status page (not its stop code, which keeps the
- * first failure): every rank that sees it marks its own page too. */
-int gcommRevokeSeen(gcommComm_t comm) {
+ * first failure), and to other nodes as a message of its own: every rank that sees it marks its
+ * own page and sends it on too. */
+void gcommRevokeBy(gcommComm_t comm, int by) {
+  int expected = 0;
+  if (!__atomic_compare_exchange_n(&comm->revoked, &expected, by + 1, 0, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_ACQUIRE))
+    return;
   gcommStatus_t* mine = gcommShmStatus(comm, comm->rank);
-  if (mine == NULL) return 0;
-  if (__atomic_load_n(&mine->revoked, __ATOMIC_ACQUIRE)) return 1;
+  if (mine != NULL) __atomic_store_n(&mine->revoked, by + 1, __ATOMIC_RELEASE);
+  if (by != comm->rank)
+    gcommSetError(comm, gcommRevoked, by, "progress", "rank %d revoked the communicator", by);
+  gcommStop(comm, gcommRevoked);
+}
+
+/* 1 + the rank whose revoke reached this rank: on a status page of this node, or through a
+ * transport from another node (which reads what came, if no pass holds the engine now), or 0. */
+static int revokeArrived(gcommComm_t comm) {
   for (int i = 0; i < comm->nLocal && comm->localRanks != NULL; i++) {
-    int q = comm->localRanks[i];
-    gcommStatus_t* st = q == comm->rank ? NULL : gcommShmStatus(comm, q);
-    if (st == NULL || !__atomic_load_n(&st->revoked, __ATOMIC_ACQUIRE)) continue;
-    __atomic_store_n(&comm->revokedBy, q, __ATOMIC_RELAXED);
-    __atomic_store_n(&mine->revoked, 1, __ATOMIC_RELEASE);
-    gcommSetError(comm, gcommRevoked, q, "progress", "rank %d revoked the communicator", q);
-    gcommStop(comm, gcommRevoked);
-    return 1;
+    gcommStatus_t* st = gcommShmStatus(comm, comm->localRanks[i]);
+    int by = st != NULL ? __atomic_load_n(&st->revoked, __ATOMIC_ACQUIRE) : 0;
+    if (by != 0) return by;
   }
-  return 0;
+  if (comm->nLocal == comm->nranks) return 0;
+  int locked = pthread_mutex_trylock(&comm->progressLock) == 0, by = 0;
+  for (int i = 0; i < comm->nTransports && by == 0; i++)
+    if (comm->transports[i]->revokedBy) by = comm->transports[i]->revokedBy(comm, locked);
+  if (locked) pthread_mutex_unlock(&comm->progressLock);
+  return by;
+}
+
+int gcommRevokeSeen(gcommComm_t comm) {
+  if (__atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE) != 0) return 1;
+  int by = revokeArrived(comm);
+  if (by == 0) return 0;
+  gcommRevokeBy(comm, by - 1);
+  return 1;
 }
 
 /* Every queue's head operation, its step and the peer it waits on, for hang diagnosis
@@ -410,7 +430,7 @@ static void* progressThread(void* arg) {
   return NULL;
 }
 
-static gcommResult_t startThreadOnce(gcommComm_t comm) {
+gcommResult_t gcommStartThread(gcommComm_t comm) {
   if (comm->params.proxyMode != GCOMM_PROXY_THREAD ||
       __atomic_load_n(&comm->threadStarted, __ATOMIC_ACQUIRE)) /* posters may race: see below */
     return gcommSuccess;
@@ -440,7 +460,7 @@ gcommResult_t gcommStartGpuProxy(gcommComm_t comm) {
                stagesNet(comm) ? "whose ranks span nodes" : "with copy engines");
     comm->params.proxyMode = GCOMM_PROXY_THREAD;
   }
-  return startThreadOnce(comm);
+  return gcommStartThread(comm);
 }
 
 /* The caller's fast path (thread mode: in poll mode data moves only in gcommProgress and
@@ -479,7 +499,7 @@ static int runPosted(gcommComm_t comm, gcommOp_t* head) {
  * of them, else appended to the posted list, which the engine fetches. Only the owner thread
  * posts (gcommEnqueueCheck), so the posted list's emptiness cannot change under the caller. */
 gcommResult_t gcommPostOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, int n) {
-  GCOMM_CHECK(startThreadOnce(comm));
+  GCOMM_CHECK(gcommStartThread(comm));
   __atomic_add_fetch(&comm->opsPosted, n, __ATOMIC_ACQ_REL);
   comm->batches++;
   for (gcommOp_t* op = head; op != NULL; op = op->next) op->batch = comm->batches;
@@ -532,7 +552,7 @@ gcommResult_t gcommFinalResult(gcommComm_t comm, const char* where) {
   if (res == gcommAborted)
     return gcommSetError(comm, res, -1, where, "the communicator was aborted");
   if (res == gcommRevoked) {
-    int by = __atomic_load_n(&comm->revokedBy, __ATOMIC_RELAXED);
+    int by = __atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE) - 1;
     return gcommSetError(comm, res, by, where,
                          "the communicator was revoked (gcommCommRevoke on rank %d)", by);
   }

@@ -21,10 +21,12 @@
 
 gcommResult_t gcommCommRevoke(gcommComm_t comm) {
   GCOMM_CHECK(gcommCheckComm(comm, __func__));
-  gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
-  __atomic_store_n(&comm->revokedBy, comm->rank, __ATOMIC_RELAXED);
-  if (st != NULL) __atomic_store_n(&st->revoked, 1, __ATOMIC_RELEASE);
-  gcommStop(comm, gcommRevoked);
+  gcommRevokeBy(comm, comm->rank);
+  /* a pass now sends the revoke to the other nodes (the engine may have no thread, or poll) */
+  if (pthread_mutex_trylock(&comm->progressLock) == 0) {
+    (void)gcommProgressPass(comm);
+    pthread_mutex_unlock(&comm->progressLock);
+  }
   return gcommSuccess;
 }
 

@@ -10,8 +10,13 @@
 # within 2 s (GCOMM_TIMEOUT_MS is 3 s), without hanging or crashing. A pretend node probes the
 # pids of its own ranks only, as a real node does: the victim's node finds it dead, and the other
 # nodes learn it from the stop that node's ranks send over the network.
-# Last: ranks with different GCOMM_NET_ENDPOINTS must fail init naming it, and GCOMM_NET_DISABLE=1
-# must refuse the remote ranks.
+# Then revoke and shrink across nodes: test_shrink's checks (a revoke from rank 0 reaching every
+# rank, on node 1 one that waits on nobody; DEFAULT shrinks, one leaving a rank of node 1 out; a
+# rank that does not call; sets that differ), and rank 1 killed in a 32 MiB all-reduce, the 3
+# survivors of both nodes shrinking (rank 1 listed, or found: only node 0 sees its process, the
+# other node learns it from node 0's agreement) and running 100 all-reduces checked against a
+# serial sum. Last: ranks with different GCOMM_NET_ENDPOINTS must fail init naming it, and
+# GCOMM_NET_DISABLE=1 must refuse the remote ranks.
 #
 # Environment: BUILD (default build-ofi; built with `make OFI=1 BUILD=build-ofi`), MPIEXEC,
 #   TEST_NET_CONFIGS  provider:nodes x ranks-per-node list, each optionally followed by /unshared
@@ -30,6 +35,8 @@
 #                     test_random a random sequence of calls of every size, in place or not,
 #                     mixing large and small operations, as the network's receive posting adapts
 #                     to them; test_vcoll the vector collectives against MPI's)
+#   TEST_NET_SHRINKS  configs for test_shrink, its checks and its kill (listed and found) (default
+#                     "tcp:2x2")
 #   TEST_NET_FAULTS   configs for test_fault's mismatched calls across nodes, found through the
 #                     tag each message carries as completion data (default "tcp:2x1 shm:2x1
 #                     tcp:2x2": with 2 ranks a node, the ranks that only wait on a rank of another
@@ -44,6 +51,7 @@ CONFIGS=${TEST_NET_CONFIGS-"tcp:2x1 tcp:2x2/ch2 shm:2x2/unshared shm:3x1 tcp:4x1
 KILLS=${TEST_NET_KILLS-"tcp:2x2 shm:2x2 tcp:3x2/poll shm:2x2/poll net:2x2/ch2/ep2"}
 PROGS=${TEST_NET_PROGS:-"test_coll test_p2p test_random test_vcoll"}
 FAULTS=${TEST_NET_FAULTS-"tcp:2x1 shm:2x1 tcp:2x2"}
+SHRINKS=${TEST_NET_SHRINKS-"tcp:2x2"}
 here=$(cd "$(dirname "$0")" && pwd)
 
 export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
@@ -135,6 +143,21 @@ for cfg in $FAULTS; do
   runProg test_fault
 done
 
+# Counts the line each survivor of a kill (every rank but $2) wrote in $1/rankR; $3 names the run.
+countSurvivors() {
+  local dir=$1 victim=$2 what=$3 r
+  for ((r = 0; r < n; r++)); do
+    [ "$r" = "$victim" ] && continue
+    if [ -s "$dir/rank$r" ]; then
+      cut -c1-400 "$dir/rank$r"
+      if grep -q '^PASS' "$dir/rank$r"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+    else
+      fail "$what: survivor rank $r reported nothing (crashed or hung?)"
+      tail -20 "$out"
+    fi
+  done
+}
+
 # A rank dies in the middle of a large all-reduce.
 if [ "$hydra" = 1 ]; then keep=(-disable-auto-cleanup); else keep=(--mca orte_abort_on_non_zero_status 0); fi
 for cfg in $KILLS; do
@@ -150,17 +173,28 @@ for cfg in $KILLS; do
     "$tmp/node.sh" "$BUILD/test/test_netkill" >"$out" 2>&1
   rc=$?
   [ "$rc" = 124 ] && fail "test_netkill $cfg: the job hung"
-  for ((r = 0; r < n; r++)); do
-    [ "$r" = "$victim" ] && continue
-    if [ -s "$dir/rank$r" ]; then
-      cat "$dir/rank$r"
-      if grep -q '^PASS' "$dir/rank$r"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-    else
-      fail "test_netkill $cfg: survivor rank $r reported nothing (crashed or hung?)"
-      tail -20 "$out"
-    fi
-  done
+  countSurvivors "$dir" "$victim" "test_netkill $cfg"
   echo "== test_netkill $cfg: $(($(date +%s) - t0)) s"
+done
+
+# Revoke and shrink across nodes; then rank 1 dies and the survivors of both nodes shrink.
+for cfg in $SHRINKS; do
+  parse "$cfg"
+  lacks && continue
+  runProg test_shrink
+  for how in listed auto; do
+    dir=$tmp/shrink-$prov-$n-$how
+    mkdir -p "$dir"
+    echo "== test_shrink over $prov: $nodes pretend nodes x $rpn ranks, rank 1 killed, shrink ($how)"
+    t0=$(date +%s)
+    env $(provenv) TEST_KILL_RANK=1 TEST_SHRINK_AUTO=$([ "$how" = auto ] && echo 1 || echo 0) \
+      TEST_SHRINK_DIR="$dir" GCOMM_TIMEOUT_MS=3000 timeout -k 5 120 "$MPIEXEC" \
+      "${mpiexec_flags[@]}" "${keep[@]}" -n "$n" "$tmp/node.sh" "$BUILD/test/test_shrink" \
+      >"$out" 2>&1
+    [ $? = 124 ] && fail "test_shrink kill $cfg $how: the job hung"
+    countSurvivors "$dir" 1 "test_shrink kill $cfg $how"
+    echo "== test_shrink kill $cfg $how: $(($(date +%s) - t0)) s"
+  done
 done
 
 # Runs test_netkill across 2 pretend nodes, through the launcher words given (if any): passes when

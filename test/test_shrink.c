@@ -160,6 +160,10 @@ static void revokeThenShrink(void) {
   gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, "GCOMM_TIMEOUT_MS=20000", -1);
   int n = tlNranks, idle = n - 1;
   int32_t x[64] = {0};
+  /* every connection up: across nodes a first message waits for its connection, which a rank
+   * makes only while its engine polls */
+  TL_OK(comm, gcommAllReduce(x, x, 64, gcommInt32, gcommSum, comm, NULL));
+  TL_OK(comm, gcommWait(comm, NULL));
   tlBarrier(MPI_COMM_WORLD);
   double t0 = tlNow();
   if (tlRank == 0) {

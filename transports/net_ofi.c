@@ -36,8 +36,10 @@
  * unmatched message would block the peer's other lanes the same way).
  *
  * Tags (60 bits, the top 4 left to providers that reserve them):
- *   bit 57: stop    bit 56: credit    bits 36..55  sender's rank (20 bits)    bits 28..35  lane
- *   bits  0..27: data: the step modulo 2^28 (at most STEPS steps of a connection are in flight)
+ *   bit 58: box     bit 57: stop (lane 0) or revoke (lane 1)    bit 56: credit
+ *   bits 36..55  sender's rank (20 bits)    bits 28..35  lane
+ *   bits  0..27: data: the step modulo 2^28 (at most STEPS steps of a connection are in flight);
+ *                a box: its exchange's round modulo 2^28
  * Receives are posted from FI_ADDR_UNSPEC (the tag names the sender) for exact tags: the shm
  * provider of libfabric 1.17 matches a new receive against already-arrived messages with the
  * ignore mask of a stale entry, so a wildcard receive can miss them. A sender keeps one credit
@@ -67,6 +69,7 @@
  */
 #define _GNU_SOURCE
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,20 +92,34 @@
 #define TAG_STEP_MASK (((uint64_t)1 << TAG_STEP_BITS) - 1)
 #define TAG_CREDIT ((uint64_t)1 << (TAG_STEP_BITS + TAG_LANE_BITS + TAG_RANK_BITS))
 #define TAG_STOP (TAG_CREDIT << 1)
+#define TAG_BOX (TAG_STOP << 1)
+#define STOP_LANE 0       /* a stop's tag: TAG_STOP | makeTag(sender, STOP_LANE, 0) */
+#define REVOKE_LANE 1     /* a revoke's */
 #define STOP_FLUSH_MS 100 /* how long a stopped rank polls for its stops to go out */
 #define NET_ADDR_MAX 240
 #define NET_MAX_ENDPOINTS 4 /* GCOMM_NET_ENDPOINTS */
 
 typedef struct netConn netConn_t;
 /* What a request carries: data, a credit (received by a sending connection, sent by a receiving
- * one), or a stop (from or to a remote rank: no connection) */
-enum { NET_DATA, NET_CREDIT_RECV, NET_CREDIT_SEND, NET_STOP_RECV, NET_STOP_SEND };
+ * one), or, from or to a remote rank with no connection, a stop, a revoke or a box (the control
+ * kinds, from NET_STOP_RECV on) */
+enum {
+  NET_DATA,
+  NET_CREDIT_RECV,
+  NET_CREDIT_SEND,
+  NET_STOP_RECV,
+  NET_STOP_SEND,
+  NET_REVOKE_RECV,
+  NET_REVOKE_SEND,
+  NET_BOX_RECV,
+  NET_BOX_SEND
+};
 typedef struct {
   struct fi_context2 ctx; /* first: the completion's op_context points here */
-  netConn_t* nc;          /* NULL for a stop */
-  uint64_t step;          /* a data message's step; credits and stops have none */
+  netConn_t* nc;          /* NULL for the control kinds */
+  uint64_t step;          /* a data message's step; a box's parity; others have none */
   int kind;
-  int peer;   /* a stop's remote rank */
+  int peer;   /* a control message's remote rank */
   void* prof; /* the profiler's Net event, or NULL */
 } netReq_t;
 
@@ -148,21 +165,60 @@ typedef struct {
   char msg[sizeof(((gcommStatus_t*)0)->msg)];
 } netStopMsg_t;
 
+/* A revoke (gcommCommRevoke here, or one this rank learned of) goes the same way, once, as its own
+ * message (a rank stopped by an error before it revoked has sent its stop already): the rank whose
+ * gcommCommRevoke it was. */
 typedef struct {
   netStopMsg_t in;      /* where its stop lands */
   gcommStatus_t status; /* its stop, once received (code written last) */
-  netReq_t recv, send;
-  int recvPosted;
-  int sendState; /* this rank's stop to it: 0 not posted, 1 in flight, 2 done or failed */
+  netReq_t recv, send, revokeRecv, revokeSend;
+  int32_t revokeIn; /* where its revoke lands */
+  int recvPosted, revokePosted;
+  int sendState;   /* this rank's stop to it: 0 not posted, 1 in flight, 2 done or failed */
+  int revokeState; /* this rank's revoke to it, the same */
 } netStopPeer_t;
 
 typedef struct {
   netStopMsg_t out;      /* this rank's stop */
-  int told;              /* out is filled: it goes to every remote rank */
+  int32_t revokeOut;     /* the rank whose revoke this rank passes on */
+  int told, revokeTold;  /* out, revokeOut are filled: they go to every remote rank */
   int inFlight;          /* sends posted and not complete */
-  int recvsLeft;         /* remote ranks whose stop receive is not posted yet */
+  int recvsLeft;         /* remote ranks whose stop or revoke receive is not posted yet */
+  int revokedBy;         /* atomic: 1 + the rank whose revoke came first over the network, or 0 */
   netStopPeer_t peers[]; /* [rank] (remote ranks only) */
 } netStops_t;
+
+/* Boxes: the exchanges of gcomm_agree.c without MPI (a shrink's agreement, a shrunk
+ * communicator's setup) with the ranks of other nodes, which have no status page here. A box is
+ * one message (tag bit 58, the exchange's round in the step bits) from this rank to every remote
+ * rank the exchange names; each remote rank's box of a round is received, when asked for, into
+ * the slot of the round's parity, as the pages keep two boxes: a rank starts exchange k + 2 only
+ * once every rank has sent its box of k + 1, so no slot holds two rounds at once. A slot whose
+ * receive of an older round never came (an exchange that failed) has it cancelled first. A send
+ * the provider cannot take yet (a connection to a rank that is not progressing is still being
+ * made) is tried again whenever a box is read, and given up when its parity's next round is
+ * posted: a rank that takes no part must not hold the others up. Allocated and registered at the
+ * first exchange. */
+enum { BOX_FREE, BOX_POSTED, BOX_DONE, BOX_CANCELLING };
+enum { SEND_NONE, SEND_WAITING, SEND_IN_FLIGHT };
+struct gcommNet;
+typedef struct {
+  gcommBox_t in[2];
+  netReq_t recv[2], send[2];
+  uint64_t round[2]; /* the round posted or received in each slot */
+  int state[2];
+  int sendState[2]; /* this rank's box of each parity to it */
+} netBoxPeer_t;
+
+typedef struct {
+  gcommBox_t out[2];    /* this rank's box of each parity */
+  int sendsLeft[2];     /* sends of out[parity] in flight */
+  int waiting;          /* sends not posted yet, either parity */
+  netBoxPeer_t peers[]; /* [rank] (remote ranks only) */
+} netBoxes_t;
+/* Posts the box sends that wait: at every exchange's read, every pass, every flush of stops (a
+ * rank whose exchange has ended may not have sent its box to all yet). */
+static void sendBoxes(gcommComm_t comm, struct gcommNet* net);
 
 /* Memory registered once for the FIFO slots placed inside it (gcommNetRegister). */
 typedef struct {
@@ -198,11 +254,15 @@ struct gcommNet {
   netStops_t* stops; /* registered whole */
   struct fid_mr* stopMr;
   void* stopDesc;
+  netBoxes_t* boxes; /* registered whole, at the first exchange */
+  struct fid_mr* boxMr;
+  void* boxDesc;
+  uint64_t lastReadNs; /* when the completion queue was last read */
   netConn_t** conns;
   int nConns, capConns;
 };
 
-/* What each rank tells every other rank at setup (one MPI_Allgather). */
+/* What each rank tells every other rank at setup (one comm->allgather). */
 typedef struct {
   int ok;
   int nEps;
@@ -435,9 +495,9 @@ static gcommResult_t openFabric(gcommComm_t comm, struct gcommNet* net) {
   cqAttr.format = FI_CQ_FORMAT_TAGGED;
   cqAttr.wait_obj = FI_WAIT_NONE;
   /* at most STEPS data operations per connection, 2 connections per (peer, lane), one credit
-   * receive per sending connection and one credit send per receiving one; a stop from and to
-   * each rank */
-  cqAttr.size = (size_t)comm->nranks * (comm->nLanes * (2 * GCOMM_STEPS + 2) + 2) + 64;
+   * receive per sending connection and one credit send per receiving one; a stop and a revoke
+   * from and to each rank; two boxes from and to each */
+  cqAttr.size = (size_t)comm->nranks * (comm->nLanes * (2 * GCOMM_STEPS + 2) + 8) + 64;
   OFI_CHECK(fi_cq_open(net->domain, &cqAttr, &net->cq, NULL));
   /* a registration bound to one endpoint (FI_MR_ENDPOINT) serves that one only: then one */
   net->nEps =
@@ -834,21 +894,35 @@ static void completeCredit(struct gcommNet* net, netConn_t* nc) {
   if (net->hmemCopies) sendHead(net, nc);
 }
 
-/* Posts the receive of every remote rank's stop not posted yet (-FI_EAGAIN: a later pass). */
+/* Posts one control receive of remote rank p (a stop or a revoke) into buf, unless posted.
+ * Returns fi_trecv's answer (-FI_EAGAIN: a later pass). */
+static ssize_t postControlRecv(struct gcommNet* net, int p, int kind, void* buf, size_t len,
+                               netReq_t* req, int* posted) {
+  if (*posted) return 0;
+  req->kind = kind;
+  req->peer = p;
+  int lane = kind == NET_STOP_RECV ? STOP_LANE : REVOKE_LANE;
+  ssize_t rc = fi_trecv(net->eps[0], buf, len, net->stopDesc, FI_ADDR_UNSPEC,
+                        TAG_STOP | makeTag(p, lane, 0), 0, &req->ctx);
+  *posted = rc == 0;
+  return rc;
+}
+
+/* Posts the receives of every remote rank's stop and revoke not posted yet. */
 static gcommResult_t postStopRecvs(gcommComm_t comm, struct gcommNet* net) {
   netStops_t* st = net->stops;
   for (int p = 0; p < comm->nranks && st->recvsLeft > 0; p++) {
     netStopPeer_t* sp = &st->peers[p];
-    if (!isRemote(comm, p) || sp->recvPosted) continue;
-    sp->recv.kind = NET_STOP_RECV;
-    sp->recv.peer = p;
-    ssize_t rc = fi_trecv(net->eps[0], &sp->in, sizeof(sp->in), net->stopDesc, FI_ADDR_UNSPEC,
-                          TAG_STOP | makeTag(p, 0, 0), 0, &sp->recv.ctx);
+    if (!isRemote(comm, p) || (sp->recvPosted && sp->revokePosted)) continue;
+    ssize_t rc =
+        postControlRecv(net, p, NET_STOP_RECV, &sp->in, sizeof(sp->in), &sp->recv, &sp->recvPosted);
+    if (rc == 0)
+      rc = postControlRecv(net, p, NET_REVOKE_RECV, &sp->revokeIn, sizeof(sp->revokeIn),
+                           &sp->revokeRecv, &sp->revokePosted);
     if (rc == -FI_EAGAIN) break;
     if (rc != 0)
-      return GCOMM_ERROR(comm, gcommSystemError, p, "fi_trecv (the stop of rank %d): %s", p,
-                         fi_strerror((int)-rc));
-    sp->recvPosted = 1;
+      return GCOMM_ERROR(comm, gcommSystemError, p, "fi_trecv (the stop or revoke of rank %d): %s",
+                         p, fi_strerror((int)-rc));
     st->recvsLeft--;
   }
   return gcommSuccess;
@@ -856,6 +930,7 @@ static gcommResult_t postStopRecvs(gcommComm_t comm, struct gcommNet* net) {
 
 static gcommResult_t postAll(gcommComm_t comm, struct gcommNet* net, int* moved) {
   if (net->stops != NULL && net->stops->recvsLeft > 0) GCOMM_CHECK(postStopRecvs(comm, net));
+  if (net->boxes != NULL && net->boxes->waiting > 0) sendBoxes(comm, net);
   for (int i = 0; i < net->nConns; i++) {
     netConn_t* nc = net->conns[i];
     GCOMM_CHECK(nc->isSend ? postSend(comm, net, nc, moved) : postRecv(comm, net, nc, moved));
@@ -863,17 +938,41 @@ static gcommResult_t postAll(gcommComm_t comm, struct gcommNet* net, int* moved)
   return gcommSuccess;
 }
 
-/* A stop completed (err: 0, or the failure's fi_errno): a remote rank's stop becomes its status,
- * code last, with release (the probes read it); a send of this rank's stop is done. A receive is
- * not posted again: a rank stops once. */
-static void completeStop(struct gcommNet* net, netReq_t* req, int err) {
+/* A box completed: a received one is ready to read (or, one whose round was given up, its slot
+ * free again; a failed receive is posted again when asked for), a send is done. */
+static void completeBox(struct gcommNet* net, netReq_t* req, int err) {
+  int parity = (int)req->step;
+  if (req->kind == NET_BOX_SEND) {
+    net->boxes->sendsLeft[parity]--;
+    net->boxes->peers[req->peer].sendState[parity] = SEND_NONE;
+    return;
+  }
+  netBoxPeer_t* bp = &net->boxes->peers[req->peer];
+  bp->state[parity] = err == 0 && bp->state[parity] == BOX_POSTED ? BOX_DONE : BOX_FREE;
+}
+
+/* A control message completed (err: 0, or the failure's fi_errno): a remote rank's stop becomes
+ * its status, code last, with release (the probes read it); its revoke, the first one, becomes
+ * net->stops->revokedBy; a send of this rank's stop or revoke is done. A stop or revoke receive
+ * is not posted again: a rank stops once, and one revoke is enough. */
+static void completeControl(struct gcommNet* net, netReq_t* req, int err) {
+  if (req->kind == NET_BOX_RECV || req->kind == NET_BOX_SEND) {
+    completeBox(net, req, err);
+    return;
+  }
   netStopPeer_t* sp = &net->stops->peers[req->peer];
-  if (req->kind == NET_STOP_SEND) {
-    sp->sendState = 2;
+  if (req->kind == NET_STOP_SEND || req->kind == NET_REVOKE_SEND) {
+    *(req->kind == NET_STOP_SEND ? &sp->sendState : &sp->revokeState) = 2;
     net->stops->inFlight--;
     return;
   }
   if (err != 0) return;
+  if (req->kind == NET_REVOKE_RECV) {
+    int expected = 0;
+    __atomic_compare_exchange_n(&net->stops->revokedBy, &expected, 1 + sp->revokeIn, 0,
+                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return;
+  }
   memcpy(sp->status.msg, sp->in.msg, sizeof(sp->status.msg));
   sp->status.msg[sizeof(sp->status.msg) - 1] = 0;
   __atomic_store_n(&sp->status.code, sp->in.code != 0 ? sp->in.code : (int)gcommRemoteError,
@@ -890,8 +989,8 @@ static gcommResult_t readCqError(gcommComm_t comm, struct gcommNet* net, int* mo
     return GCOMM_ERROR(comm, gcommSystemError, -1, "fi_cq_readerr failed");
   netReq_t* req = (netReq_t*)e.op_context;
   *moved = 1;
-  if (req != NULL && (req->kind == NET_STOP_RECV || req->kind == NET_STOP_SEND)) {
-    completeStop(net, req, e.err);
+  if (req != NULL && req->kind >= NET_STOP_RECV) {
+    completeControl(net, req, e.err);
     return gcommSuccess;
   }
   int peer = req ? req->nc->peer : -1;
@@ -932,8 +1031,8 @@ static gcommResult_t completeEntries(gcommComm_t comm, struct gcommNet* net,
 #endif
   for (ssize_t k = 0; k < n; k++) {
     netReq_t* req = (netReq_t*)ent[k].op_context;
-    if (req->kind == NET_STOP_RECV || req->kind == NET_STOP_SEND) {
-      completeStop(net, req, 0);
+    if (req->kind >= NET_STOP_RECV) {
+      completeControl(net, req, 0);
     } else if (req->kind == NET_CREDIT_SEND) { /* the next credit may go */
       req->nc->creditInFlight = 0;
     } else if (req->kind == NET_CREDIT_RECV) {
@@ -952,6 +1051,7 @@ static gcommResult_t completeEntries(gcommComm_t comm, struct gcommNet* net,
 
 /* Reads the completion queue until it is empty; *got: any entry. */
 static gcommResult_t readCq(gcommComm_t comm, struct gcommNet* net, int* got, int* moved) {
+  net->lastReadNs = gcommNowNs();
   for (;;) {
     struct fi_cq_tagged_entry ent[16];
     ssize_t n = fi_cq_read(net->cq, ent, 16);
@@ -983,60 +1083,100 @@ gcommResult_t gcommNetProgress(gcommComm_t comm, int* moved) {
   return gcommSuccess;
 }
 
-/* Sends this rank's stop (once it has one) to every remote rank not sent to yet. */
-static void postStopSends(gcommComm_t comm, struct gcommNet* net) {
+/* Sends buf (this rank's stop or revoke, as kind says) to every remote rank not sent to yet. */
+static void postControlSends(gcommComm_t comm, struct gcommNet* net, int kind, void* buf,
+                             size_t len) {
   netStops_t* st = net->stops;
-  if (!st->told) {
-    int code = __atomic_load_n(&comm->stopCode, __ATOMIC_ACQUIRE);
-    if (code == 0) return;
-    st->out.code = code;
-    memcpy(st->out.msg, comm->stopMsg, sizeof(st->out.msg));
-    st->told = 1;
-  }
+  int lane = kind == NET_STOP_SEND ? STOP_LANE : REVOKE_LANE;
   for (int p = 0; p < comm->nranks; p++) {
     netStopPeer_t* sp = &st->peers[p];
-    if (!isRemote(comm, p) || sp->sendState != 0) continue;
-    sp->send.kind = NET_STOP_SEND;
-    sp->send.peer = p;
-    ssize_t rc = fi_tsend(net->eps[0], &st->out, sizeof(st->out), net->stopDesc,
-                          net->addrs[(size_t)p * net->nEps], TAG_STOP | makeTag(comm->rank, 0, 0),
-                          &sp->send.ctx);
+    int* state = kind == NET_STOP_SEND ? &sp->sendState : &sp->revokeState;
+    if (!isRemote(comm, p) || *state != 0) continue;
+    netReq_t* req = kind == NET_STOP_SEND ? &sp->send : &sp->revokeSend;
+    req->kind = kind;
+    req->peer = p;
+    ssize_t rc = fi_tsend(net->eps[0], buf, len, net->stopDesc, net->addrs[(size_t)p * net->nEps],
+                          TAG_STOP | makeTag(comm->rank, lane, 0), &req->ctx);
     if (rc == -FI_EAGAIN) break;
-    sp->sendState = rc == 0 ? 1 : 2; /* a send that cannot be posted: that rank's deadline tells */
+    *state = rc == 0 ? 1 : 2; /* a send that cannot be posted: that rank's deadline tells */
     st->inFlight += rc == 0;
   }
 }
 
-/* Whether this rank's stop still has to go somewhere (an abort in poll mode may have left it to
- * destroy). */
+/* Sends this rank's stop (once it has one) and its revoke (once comm is revoked) to every remote
+ * rank not sent to yet. */
+static void postStopSends(gcommComm_t comm, struct gcommNet* net) {
+  netStops_t* st = net->stops;
+  if (!st->told && __atomic_load_n(&comm->stopCode, __ATOMIC_ACQUIRE) != 0) {
+    st->out.code = __atomic_load_n(&comm->stopCode, __ATOMIC_ACQUIRE);
+    memcpy(st->out.msg, comm->stopMsg, sizeof(st->out.msg));
+    st->told = 1;
+  }
+  if (!st->revokeTold && __atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE) != 0) {
+    st->revokeOut = __atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE) - 1;
+    st->revokeTold = 1;
+  }
+  if (st->told) postControlSends(comm, net, NET_STOP_SEND, &st->out, sizeof(st->out));
+  if (st->revokeTold)
+    postControlSends(comm, net, NET_REVOKE_SEND, &st->revokeOut, sizeof(st->revokeOut));
+}
+
+/* Whether all this rank has to tell (its stop, its revoke) has gone out. */
+static int stopsTold(gcommComm_t comm, struct gcommNet* net) {
+  netStops_t* st = net->stops;
+  return (st->told || __atomic_load_n(&comm->stopCode, __ATOMIC_ACQUIRE) == 0) &&
+         (st->revokeTold || __atomic_load_n(&comm->revoked, __ATOMIC_ACQUIRE) == 0);
+}
+
+/* Whether this rank's stop or revoke still has to go somewhere (an abort in poll mode may have
+ * left it to destroy). */
 static int stopsPending(gcommComm_t comm, struct gcommNet* net) {
   netStops_t* st = net->stops;
   if (st == NULL) return 0;
-  if (!st->told) return __atomic_load_n(&comm->stopCode, __ATOMIC_ACQUIRE) != 0;
-  if (st->inFlight > 0) return 1;
+  if (!stopsTold(comm, net) || st->inFlight > 0) return 1;
+  if (net->boxes != NULL && net->boxes->waiting > 0) return 1;
   for (int p = 0; p < comm->nranks; p++)
-    if (isRemote(comm, p) && st->peers[p].sendState == 0) return 1;
+    if (isRemote(comm, p) && ((st->told && st->peers[p].sendState == 0) ||
+                              (st->revokeTold && st->peers[p].revokeState == 0)))
+      return 1;
   return 0;
 }
 
-/* Posts and polls until this rank's stop has gone to every remote rank, or for at most ms
- * milliseconds: most providers move messages only while polled, and the caller may destroy the
- * communicator as soon as its wait returned the error. */
+/* Posts and polls until this rank's stop (and its boxes) have gone to every remote rank, or for
+ * at most ms milliseconds: most providers move messages only while polled, and the caller may
+ * destroy the communicator as soon as its wait returned the error. */
 static void flushStops(gcommComm_t comm, struct gcommNet* net, int ms) {
   uint64_t until = gcommNowNs() + (uint64_t)ms * 1000000;
   do {
     int got = 0, moved = 0;
     postStopSends(comm, net);
+    if (net->boxes != NULL && net->boxes->waiting > 0) sendBoxes(comm, net);
     (void)readCq(comm, net, &got, &moved); /* the communicator has stopped already */
   } while (stopsPending(comm, net) && gcommNowNs() < until);
 }
 
-/* The communicator stopped: its stop goes to every remote rank (the first time with up to
- * STOP_FLUSH_MS of polling for it, then a little more on every stopped pass). */
+/* The communicator stopped: its stop (and its revoke, once revoked) goes to every remote rank
+ * (the first time with up to STOP_FLUSH_MS of polling for it, then a little more on every stopped
+ * pass). */
 static void netStop(gcommComm_t comm) {
   struct gcommNet* net = comm->net;
   if (net == NULL || net->stops == NULL) return;
-  flushStops(comm, net, net->stops->told ? 0 : STOP_FLUSH_MS);
+  flushStops(comm, net, stopsTold(comm, net) ? 0 : STOP_FLUSH_MS);
+}
+
+/* 1 + the rank whose revoke came over the network, or 0. mayRead: the caller holds
+ * progressLock, and when no pass has read the completion queue for LISTEN_NS it reads it, so that
+ * a rank whose engine sleeps (it waits on nobody) learns of a revoke at its next call. */
+#define LISTEN_NS 100000
+static int netRevokedBy(gcommComm_t comm, int mayRead) {
+  struct gcommNet* net = comm->net;
+  if (net == NULL || net->stops == NULL) return 0;
+  if (mayRead && gcommNowNs() - net->lastReadNs > LISTEN_NS) {
+    int got = 0, moved = 0;
+    if (net->stops->recvsLeft > 0) (void)postStopRecvs(comm, net);
+    (void)readCq(comm, net, &got, &moved); /* a failure here is the next pass's to report */
+  }
+  return __atomic_load_n(&net->stops->revokedBy, __ATOMIC_ACQUIRE);
 }
 
 /* A remote rank's stop, once it sent one (its status: the code is 0 until then). */
@@ -1044,6 +1184,112 @@ static gcommStatus_t* netStatus(gcommComm_t comm, int rank) {
   struct gcommNet* net = comm->net;
   if (net == NULL || net->stops == NULL || !isRemote(comm, rank)) return NULL;
   return &net->stops->peers[rank].status;
+}
+
+/* The boxes' memory, registered at the first exchange with a remote rank. */
+static gcommResult_t setupBoxes(gcommComm_t comm, struct gcommNet* net) {
+  if (net->boxes != NULL) return gcommSuccess;
+  size_t bytes = sizeof(netBoxes_t) + (size_t)comm->nranks * sizeof(netBoxPeer_t);
+  net->boxes = calloc(1, bytes);
+  if (net->boxes == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  gcommResult_t res = regMem(comm, net, net->boxes, bytes, -1, &net->boxMr, &net->boxDesc);
+  if (res != gcommSuccess) {
+    free(net->boxes);
+    net->boxes = NULL;
+  }
+  return res;
+}
+
+/* Posts the box sends that wait (-FI_EAGAIN: a later call; another failure: given up, that
+ * rank's deadline tells). */
+static void sendBoxes(gcommComm_t comm, struct gcommNet* net) {
+  netBoxes_t* bx = net->boxes;
+  for (int q = 0; q < comm->nranks && bx->waiting > 0; q++)
+    for (int parity = 0; parity < 2; parity++) {
+      netBoxPeer_t* bp = &bx->peers[q];
+      if (bp->sendState[parity] != SEND_WAITING) continue;
+      gcommBox_t* box = &bx->out[parity];
+      netReq_t* req = &bp->send[parity];
+      req->kind = NET_BOX_SEND;
+      req->peer = q;
+      req->step = (uint64_t)parity;
+      ssize_t rc = fi_tsend(net->eps[0], box, offsetof(gcommBox_t, data) + box->bytes, net->boxDesc,
+                            net->addrs[(size_t)q * net->nEps],
+                            TAG_BOX | makeTag(comm->rank, 0, box->round), &req->ctx);
+      if (rc == -FI_EAGAIN) continue;
+      bx->waiting--;
+      bp->sendState[parity] = rc == 0 ? SEND_IN_FLIGHT : SEND_NONE;
+      bx->sendsLeft[parity] += rc == 0;
+    }
+}
+
+/* This rank's box of an exchange to every remote rank of ranks[0..n), once the sends of the same
+ * parity two rounds ago are done (polled until deadline; those not posted yet are given up). */
+static gcommResult_t netBoxPost(gcommComm_t comm, const gcommBox_t* mine, const int* ranks, int n,
+                                uint64_t deadline) {
+  struct gcommNet* net = comm->net;
+  int any = 0;
+  for (int i = 0; i < n && net != NULL; i++) any |= isRemote(comm, ranks[i]);
+  if (!any) return gcommSuccess;
+  GCOMM_CHECK(setupBoxes(comm, net));
+  netBoxes_t* bx = net->boxes;
+  int parity = (int)(mine->round % 2);
+  for (int q = 0; q < comm->nranks; q++)
+    if (bx->peers[q].sendState[parity] == SEND_WAITING)
+      bx->peers[q].sendState[parity] = SEND_NONE, bx->waiting--;
+  while (bx->sendsLeft[parity] > 0) {
+    if (gcommNowNs() > deadline)
+      return GCOMM_ERROR(comm, gcommTimeout, -1,
+                         "the boxes of exchange %llu have not all gone to the other nodes",
+                         (unsigned long long)mine->round - 2);
+    int got = 0, moved = 0;
+    GCOMM_CHECK(readCq(comm, net, &got, &moved));
+  }
+  memcpy(&bx->out[parity], mine, offsetof(gcommBox_t, data) + mine->bytes);
+  for (int i = 0; i < n; i++)
+    if (isRemote(comm, ranks[i]) && bx->peers[ranks[i]].sendState[parity] == SEND_NONE)
+      bx->peers[ranks[i]].sendState[parity] = SEND_WAITING, bx->waiting++;
+  sendBoxes(comm, net);
+  return gcommSuccess;
+}
+
+/* Gets the slot of round's parity ready for remote rank q's box of round: an older round's box
+ * nobody reads any more is dropped, an older receive that never came cancelled (its slot is free
+ * once the cancellation completes), then the receive posted. */
+static void postBoxRecv(struct gcommNet* net, int q, uint64_t round) {
+  netBoxPeer_t* bp = &net->boxes->peers[q];
+  int parity = (int)(round % 2);
+  if (bp->round[parity] != round && bp->state[parity] == BOX_DONE) bp->state[parity] = BOX_FREE;
+  if (bp->round[parity] != round && bp->state[parity] == BOX_POSTED) {
+    fi_cancel(&net->eps[0]->fid, &bp->recv[parity].ctx);
+    bp->state[parity] = BOX_CANCELLING;
+  }
+  if (bp->state[parity] != BOX_FREE) return;
+  netReq_t* req = &bp->recv[parity];
+  req->kind = NET_BOX_RECV;
+  req->peer = q;
+  req->step = (uint64_t)parity;
+  if (fi_trecv(net->eps[0], &bp->in[parity], sizeof(bp->in[parity]), net->boxDesc, FI_ADDR_UNSPEC,
+               TAG_BOX | makeTag(q, 0, round), 0, &req->ctx) == 0) {
+    bp->state[parity] = BOX_POSTED;
+    bp->round[parity] = round;
+  }
+}
+
+/* Remote rank q's box of round once it came, else NULL (a failed post or read is tried again at
+ * the next call; the caller's deadline ends it). */
+static const gcommBox_t* netBoxRead(gcommComm_t comm, int q, uint64_t round) {
+  struct gcommNet* net = comm->net;
+  if (net == NULL || net->boxes == NULL || !isRemote(comm, q)) return NULL;
+  netBoxPeer_t* bp = &net->boxes->peers[q];
+  int parity = (int)(round % 2);
+  if (bp->state[parity] != BOX_DONE || bp->round[parity] != round) {
+    sendBoxes(comm, net);
+    postBoxRecv(net, q, round);
+    int got = 0, moved = 0;
+    (void)readCq(comm, net, &got, &moved);
+  }
+  return bp->state[parity] == BOX_DONE && bp->round[parity] == round ? &bp->in[parity] : NULL;
 }
 
 /* Memory registered for every remote rank's stop. The receives are posted by the first progress
@@ -1113,10 +1359,9 @@ gcommResult_t gcommNetSetup(gcommComm_t comm) {
     snprintf(mine.prov, sizeof(mine.prov), "%s", net->info->fabric_attr->prov_name);
   }
   mine.ok = res == gcommSuccess;
-  int mpiErr =
-      MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all, sizeof(mine), MPI_BYTE, comm->mpiComm);
-  if (mpiErr != MPI_SUCCESS && res == gcommSuccess)
-    res = GCOMM_ERROR(comm, gcommSystemError, -1, "MPI_Allgather of fabric addresses failed");
+  /* MPI's, or (a shrunk communicator) through its parent's pages and network */
+  gcommResult_t exchanged = comm->allgather(comm, &mine, sizeof(mine), all);
+  if (exchanged != gcommSuccess && res == gcommSuccess) res = exchanged;
   for (int p = 0; p < comm->nranks && res == gcommSuccess; p++) {
     if (!all[p].ok) {
       res =
@@ -1163,6 +1408,7 @@ void gcommNetFree(gcommComm_t comm) {
   for (int i = 0; i < net->nRegions; i++) fi_close(&net->regions[i].mr->fid);
   if (net->creditMr) fi_close(&net->creditMr->fid);
   if (net->stopMr) fi_close(&net->stopMr->fid);
+  if (net->boxMr) fi_close(&net->boxMr->fid);
   if (net->av) fi_close(&net->av->fid);
   if (net->cq) fi_close(&net->cq->fid);
   if (net->domain) fi_close(&net->domain->fid);
@@ -1174,6 +1420,7 @@ void gcommNetFree(gcommComm_t comm) {
   free(net->addrs);
   free(net->credits);
   free(net->stops);
+  free(net->boxes);
   free(net);
   comm->net = NULL;
 }
@@ -1193,6 +1440,9 @@ const gcommTransport_t gcommNetTransport = {
     .mustPoll = netMustPoll,
     .stop = netStop,
     .status = netStatus,
+    .revokedBy = netRevokedBy,
+    .boxPost = netBoxPost,
+    .boxRead = netBoxRead,
     /* first: its receives may land in a GPU communicator's pinned FIFOs */
     .close = gcommNetFree,
 };
