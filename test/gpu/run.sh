@@ -251,6 +251,7 @@ if want net; then
     [ "$NG" -gt 1 ] && NET_RPN=1 step net_2n1r_${NG}g 150 $MPIEXEC_MPICH -n 2 "$node" $BN/test/gpu/test_gpu --quick
     NET_RPN=2 step net_2n2r_${NG}g 250 $MPIEXEC_MPICH -n 4 "$node" $BN/test/gpu/test_gpu --quick
     NET_RPN=1 step net_fault 90 $MPIEXEC_MPICH -n 2 "$node" $BN/test/gpu/test_gpu_fault
+    NET_RPN=2 step net_shrink_2n2r 150 $MPIEXEC_MPICH -n 4 "$node" $BN/test/gpu/test_gpu_shrink   # revoke, shrink across nodes
     NET_RPN=1 step net_perf 180 $MPIEXEC_MPICH -n 2 "$node" $BN/gcomm_perf --coll allreduce,allgather,sendrecv -b 8 -e 256M -f 8 -n 10 -w 3
     unset GCOMM_OFI_PROVIDER FI_TCP_IFACE
   fi
