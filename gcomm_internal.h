@@ -60,6 +60,12 @@ uint64_t gcommNowNs(void);
  * an abort or a deadline is seen quickly. Many ranks share few cores in tests. *idleSince is 0
  * while things move. Returns microseconds idle. */
 uint64_t gcommBackoff(uint64_t* idleSince, uint64_t spinUs, uint64_t maxNapUs);
+/* A spinning loop's pause: the core's hint that this thread waits on memory. */
+static inline void gcommCpuRelax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 /* Whether process pid (of this machine) is gone or a zombie. */
 int gcommProcessIsDead(pid_t pid);
 /* "AllReduce", "Broadcast", ... for logs and errors. */
@@ -173,6 +179,9 @@ typedef struct {
   gcommFifo_t* fifo;
   char* slots;   /* GCOMM_STEPS slots of slotBytes: after fifo, or elsewhere (GPU memory) */
   uint64_t step; /* this side's own counter: the next slot to fill (sender) or drain */
+  /* sender, host executor: the FIFO has room for every step below this (the head it last read
+   * plus GCOMM_STEPS), so that it reads the receiver's head only when that runs out */
+  uint64_t roomUntil;
   size_t slotBytes;
   int peer;
   /* A network send FIFO whose provider sends from any memory (transports/net_ofi.c): the host
@@ -207,10 +216,13 @@ typedef struct gcommWork {
   int queue, lane;
   gcommSched_t sched;
   long step, nSteps;
-  uint64_t waitSinceNs; /* when the current step first found a FIFO not ready; 0 when moving */
+  /* when the current step's wait was first timed (gcommWorkAdvance), 1 while it waits untimed
+   * yet, 0 when moving */
+  uint64_t waitSinceNs;
   int waitPeer, waitRecv;
-  int mayStart;    /* workMayStart said yes: it stays so, since later calls wait for this one */
-  int profStarted; /* profiler: PROF_OP / PROF_STEP events started (0 without one) */
+  int untimedPolls; /* polls of the current wait before its clock started */
+  int mayStart;     /* workMayStart said yes: it stays so, since later calls wait for this one */
+  int profStarted;  /* profiler: PROF_OP / PROF_STEP events started (0 without one) */
   void *profOp, *profStep; /* their handles */
 } gcommWork_t;
 
@@ -233,6 +245,7 @@ struct gcommOp {
   uint64_t seq; /* collectives: the communicator's collective sequence number */
   uint32_t tag; /* the call, packed for the FIFO slots (0 with GCOMM_CHECK_MISMATCH=0) */
   int nWorks, nWorksLeft;
+  int pooled; /* a one-work record of the communicator's pool (gcommOpAlloc) */
   /* profiler: the Coll/P2p event, parent of the works' events */
   void* profHandle;
   gcommWork_t works[];
@@ -340,8 +353,9 @@ typedef struct {
   volatile int finished; /* the rank destroyed the communicator after all its work succeeded */
   char msg[504];
   volatile uint64_t current[GCOMM_STATUS_LANES]; /* (seq + 1) << 32 | tag, 0: none yet */
-  gcommSharedFlags_t shared; /* in a node only: the network carries code and msg */
+  gcommSharedFlags_t shared;   /* in a node only: the network carries code and msg */
   volatile int revoked;        /* gcommCommRevoke reached this rank (whatever code says) */
+  volatile int revokeHint;     /* a rank of the node revoked: look at every page's revoked */
   volatile uint64_t shrinkSeq; /* the gcommCommShrink of this communicator the rank is in */
   volatile int excludedBy;     /* 1 + the survivor whose shrink left this rank out, or 0 */
   gcommBox_t box[2];
@@ -456,6 +470,7 @@ struct gcommComm {
   int nQueues;
   gcommQueue_t* queues;
   long nActiveWorks;
+  int nBusyQueues; /* queues with a work: a pass stops looking once it has seen them all */
   pthread_mutex_t progressLock;
   pthread_t thread;
   int threadStarted, stopThread;
@@ -474,6 +489,17 @@ struct gcommComm {
   int asyncError; /* atomic gcommResult_t: the error that stopped the communicator */
   int revokedBy;  /* atomic: the rank whose gcommCommRevoke stopped it (asyncError gcommRevoked) */
   uint64_t collSeq;
+  /* One-work operation records (every small call's) kept for reuse instead of a calloc and a free
+   * a call: a stack that the threads finishing operations push on and only the owner pops
+   * (gcommOpAlloc), so a record cannot leave and come back between a pop's read and its swap. */
+  gcommOp_t* opPool;
+  int opPoolSize; /* atomic: records on the stack (at most GCOMM_OP_POOL_MAX) */
+  /* The cost model's last choice for each function (owner thread only): a program repeats its
+   * sizes, and the choice depends on nothing else that changes. bytesKey: bytes + 1, 0 none. */
+  struct {
+    size_t bytesKey;
+    int algo, proto, nChannels;
+  } choice[gcommNumFuncs];
   uint64_t livenessNs; /* when the engine last probed the local ranks' pids */
   /* why this rank stopped, as gcommPublishStop tells the other ranks (code atomic, 0 until then,
    * written after msg; the first stays) */
