@@ -373,9 +373,10 @@ static int transportsMustPoll(gcommComm_t comm) {
   return poll;
 }
 
-/* The host's waits: a few microseconds of spinning, naps of at most 1 ms (when mayNap). */
-static uint64_t hostBackoff(uint64_t* idleSince, int mayNap) {
-  return gcommBackoff(idleSince, 5, mayNap ? 1000 : 0);
+/* The host's waits: spinUs microseconds of spinning, then yields, naps of at most 1 ms (when
+ * mayNap). */
+static uint64_t hostBackoff(uint64_t* idleSince, uint64_t spinUs, int mayNap) {
+  return gcommBackoff(idleSince, spinUs, mayNap ? 1000 : 0);
 }
 
 /* At the thread's end, GCOMM_DEBUG=INFO (PROXY): the CPU it used over the communicator's life,
@@ -435,7 +436,7 @@ static void* progressThread(void* arg) {
      * waiting threads drive (host communicators), this thread matters only for
      * work nobody waits on, which a post wakes it for: it sleeps as soon as nothing is left
      * instead of yielding for 1 ms, which took the core from whatever the caller did next. */
-    int idleUs = (int)hostBackoff(&idleSince, mayNap);
+    int idleUs = (int)hostBackoff(&idleSince, 5, mayNap);
     if ((idleUs > 1000 || waitersDrive(comm)) && nothingLeft) {
       int timedOut = 0;
       pthread_mutex_lock(&comm->postLock);
@@ -605,9 +606,10 @@ gcommResult_t gcommDeadPeerResult(gcommComm_t comm, const char* where) {
   return gcommSuccess;
 }
 
-/* Polls a wait makes after the last movement before it reads the clock (its deadline, its
- * back-off): a clock read costs as much as a pass on some virtual machines (90 ns), and a small
- * operation's peer usually answers within these. */
+/* Polls a wait spins after the last movement before it reads the clock (its deadline, its
+ * back-off, which then yields the core at once): a clock read costs as much as a pass on some
+ * virtual machines (90 ns), and a small operation's peer usually answers within these. They
+ * take a few microseconds, as the progress thread's 5 us of spinning does. */
 #define WAIT_SPIN_POLLS 32
 
 static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int drive) {
@@ -641,8 +643,8 @@ static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int d
           (unsigned long long)(target - __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE)),
           (long long)comm->params.timeoutMs);
     if (ran) {
-      hostBackoff(&idleSince, mayNap);
-    } else if (hostBackoff(&idleSince, 1) > 1000) {
+      hostBackoff(&idleSince, 0, mayNap);
+    } else if (hostBackoff(&idleSince, 0, 1) > 1000) {
       /* long waits sleep until the engine finishes something (or 1 ms, to see aborts) */
       struct timespec ts = gcommDeadlineIn(1000000);
       pthread_mutex_lock(&comm->doneLock);
