@@ -353,9 +353,8 @@ typedef struct {
   volatile int finished; /* the rank destroyed the communicator after all its work succeeded */
   char msg[504];
   volatile uint64_t current[GCOMM_STATUS_LANES]; /* (seq + 1) << 32 | tag, 0: none yet */
-  gcommSharedFlags_t shared;   /* in a node only: the network carries code and msg */
+  gcommSharedFlags_t shared; /* in a node only: the network carries code and msg */
   volatile int revoked;        /* gcommCommRevoke reached this rank (whatever code says) */
-  volatile int revokeHint;     /* a rank of the node revoked: look at every page's revoked */
   volatile uint64_t shrinkSeq; /* the gcommCommShrink of this communicator the rank is in */
   volatile int excludedBy;     /* 1 + the survivor whose shrink left this rank out, or 0 */
   gcommBox_t box[2];

@@ -193,14 +193,11 @@ void gcommStop(gcommComm_t comm, gcommResult_t res) {
 }
 
 /* A revoke travels as a word of each rank's status page (not its stop code, which keeps the
- * first failure): every rank that sees it marks its own page too. Every call and every wait's
- * turn asks, so the revoker also sets a hint on each page of the node, and a rank whose page has
- * none reads nobody else's. */
+ * first failure): every rank that sees it marks its own page too. */
 int gcommRevokeSeen(gcommComm_t comm) {
   gcommStatus_t* mine = gcommShmStatus(comm, comm->rank);
   if (mine == NULL) return 0;
   if (__atomic_load_n(&mine->revoked, __ATOMIC_ACQUIRE)) return 1;
-  if (!__atomic_load_n(&mine->revokeHint, __ATOMIC_ACQUIRE)) return 0;
   for (int i = 0; i < comm->nLocal && comm->localRanks != NULL; i++) {
     int q = comm->localRanks[i];
     gcommStatus_t* st = q == comm->rank ? NULL : gcommShmStatus(comm, q);

@@ -24,11 +24,6 @@ gcommResult_t gcommCommRevoke(gcommComm_t comm) {
   gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
   __atomic_store_n(&comm->revokedBy, comm->rank, __ATOMIC_RELAXED);
   if (st != NULL) __atomic_store_n(&st->revoked, 1, __ATOMIC_RELEASE);
-  /* after the word: every rank that sees the hint finds the word (gcommRevokeSeen) */
-  for (int i = 0; i < comm->nLocal && comm->localRanks != NULL; i++) {
-    gcommStatus_t* other = gcommShmStatus(comm, comm->localRanks[i]);
-    if (other != NULL) __atomic_store_n(&other->revokeHint, 1, __ATOMIC_RELEASE);
-  }
   gcommStop(comm, gcommRevoked);
   return gcommSuccess;
 }
