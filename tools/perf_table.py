@@ -14,7 +14,7 @@ of gcomm and of the other backend, and the other's time over gcomm's (the busbw 
 above 1, gcomm is faster). Several logs (runs of one command): a row per collective and size, with
 each run's ratio out of place / in place and their medians: a machine that drifts shows in the
 spread, and no single run stands for the others.
---wins (several logs): per collective and size, the median ratio out of place and in place and in
+--wins: per collective and size, the median ratio out of place and in place and in
 how many runs each was at least 1.0 (gcomm level or ahead), instead of every run's ratio.
 --behind-from SIZE: then, per log, the sizes from SIZE at which gcomm's busbw is below the other's,
 out of place or in place, and in how many logs there is none.
@@ -150,7 +150,7 @@ def main():
     colls = a.coll.split(",") if a.coll else list(dict.fromkeys(k[0] for k in rows))
     sizes = [parse_size(s) for s in a.sizes.split(",")] if a.sizes else None
     other = a.vs
-    if len(runs) > 1:
+    if a.wins or len(runs) > 1:
         (wins_table if a.wins else ratio_table)(runs, colls, sizes, other)
         if a.behind_from:
             behind_table(a.log, runs, colls, other, parse_size(a.behind_from))
