@@ -6,12 +6,15 @@
 # machine that drifts spreads over all of them.
 #
 #   bash tools/host_perf.sh [OUTDIR]   (default $OUT, else host-perf-logs): OUTDIR/NNr-RUN.log, one
-#       gcomm_perf table a run, and OUTDIR/summary.md, the tables (also printed)
+#       gcomm_perf table a run, and OUTDIR/summary.md, the tables over every log in OUTDIR (also
+#       printed). Runs may be split over several calls into one OUTDIR with FIRST_RUN (e.g. RUNS=2,
+#       then FIRST_RUN=3 RUNS=3), when one call may not last long enough for all of them.
 #
 # Environment: BUILD (a build with gcomm_perf, default build), RANKS (default "2 4 8 16"), RUNS
-# (default 5), SIZES (gcomm_perf -b/-e/-f, default "8 64M 8"), ITERS (-n/-w, default "20 5"),
-# COLLS (default all), MPIEXEC (default mpiexec), BIND (extra launcher arguments, default
-# "-bind-to core" for MPICH's hydra; empty for none), PER_RUN (seconds a run may take, default 600).
+# (default 5), FIRST_RUN (the number of the first, default 1), SIZES (gcomm_perf -b/-e/-f, default
+# "8 64M 8"), ITERS (-n/-w, default "20 5"), COLLS (default all), MPIEXEC (default mpiexec), BIND
+# (extra launcher arguments, default "-bind-to core" for MPICH's hydra, "--bind-to core" for Open
+# MPI's mpirun; empty for none), PER_RUN (seconds a run may take, default 600).
 set -u
 OUT=${1:-${OUT:-host-perf-logs}}
 B=${BUILD:-build}
@@ -24,7 +27,8 @@ read -r -a BINDARGS <<<"${BIND--bind-to core}"
 PERF=$B/gcomm_perf
 [ -x "$PERF" ] || { echo "no $PERF: build it first (make BUILD=$B $PERF)"; exit 1; }
 mkdir -p "$OUT"
-for run in $(seq "$RUNS"); do
+FIRST=${FIRST_RUN:-1}
+for run in $(seq "$FIRST" $((FIRST + RUNS - 1))); do
   for n in $RANKS; do
     log=$(printf '%s/%02dr-%d.log' "$OUT" "$n" "$run")
     s=$SECONDS
@@ -35,8 +39,9 @@ for run in $(seq "$RUNS"); do
   done
 done
 for n in $RANKS; do
+  logs=("$OUT"/$(printf '%02d' "$n")r-*.log)
   echo
-  echo "## $n ranks: MPI time / gcomm time, median of $RUNS runs, and runs at least 1.0"
+  echo "## $n ranks: MPI time / gcomm time, median of ${#logs[@]} runs, and runs at least 1.0"
   echo
-  python3 "$(dirname "$0")/perf_table.py" --vs mpi --wins $(printf '%s/%02dr-*.log ' "$OUT" "$n")
+  python3 "$(dirname "$0")/perf_table.py" --vs mpi --wins "${logs[@]}"
 done | tee "$OUT/summary.md"
