@@ -43,7 +43,8 @@ static void commFree(gcommComm_t comm) {
     pthread_join(comm->thread, NULL);
   }
   if (comm->queues) gcommDrainAll(comm); /* frees whatever never ran */
-  gcommProfFinalize(comm);               /* no hook runs after this */
+  gcommOpPoolFree(comm);
+  gcommProfFinalize(comm); /* no hook runs after this */
   /* the transports: all closed (in setup order), then freed (in reverse) */
   for (int i = 0; i < comm->nTransports; i++)
     if (comm->transports[i]->close) comm->transports[i]->close(comm);

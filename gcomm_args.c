@@ -48,6 +48,12 @@ gcommResult_t gcommCheckConfig(const gcommConfig_t* config) {
 static pthread_mutex_t liveLock = PTHREAD_MUTEX_INITIALIZER;
 static gcommComm_t* liveComms;
 static int nLive, liveCap;
+/* Each call checks its handle, so a thread remembers the last handle it found live and the list's
+ * generation then (bumped by every unregister): while no communicator has gone since, that handle
+ * is still live, without the lock and the search. */
+static uint64_t liveGen; /* atomic */
+static __thread gcommComm_t lastLive;
+static __thread uint64_t lastLiveGen;
 
 gcommResult_t gcommCommRegister(gcommComm_t comm) {
   pthread_mutex_lock(&liveLock);
@@ -70,15 +76,18 @@ int gcommCommUnregister(gcommComm_t comm) {
   pthread_mutex_lock(&liveLock);
   for (int i = 0; i < nLive && !found; i++)
     if (liveComms[i] == comm) liveComms[i] = liveComms[--nLive], found = 1;
+  __atomic_add_fetch(&liveGen, 1, __ATOMIC_RELEASE);
   if (nLive == 0) free(liveComms), liveComms = NULL, liveCap = 0; /* nothing left at exit */
   pthread_mutex_unlock(&liveLock);
   return found;
 }
 
 int gcommCommIsLive(gcommComm_t comm) {
+  if (comm == lastLive && lastLiveGen == __atomic_load_n(&liveGen, __ATOMIC_ACQUIRE)) return 1;
   int found = 0;
   pthread_mutex_lock(&liveLock);
   for (int i = 0; i < nLive && !found; i++) found = liveComms[i] == comm;
+  if (found) lastLive = comm, lastLiveGen = __atomic_load_n(&liveGen, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&liveLock);
   return found;
 }

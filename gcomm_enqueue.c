@@ -13,6 +13,19 @@
 static __thread int groupDepth;
 static __thread gcommComm_t groupComms; /* communicators with operations held by the group */
 
+/* The algorithm, protocol and channel count of a call of func moving bytes (the size every rank
+ * agrees on): the cost model's, remembered for the next call of func with the same size. */
+static void choose(gcommComm_t comm, int func, size_t bytes, int* algo, int* proto, int* nch) {
+  __typeof__(comm->choice[0])* c = &comm->choice[func];
+  if (c->bytesKey != bytes + 1) {
+    c->algo = gcommIsPointToPoint(func) ? gcommAlgoDirect : gcommChooseAlgo(comm, func, bytes);
+    c->proto = gcommChooseProto(comm, func, c->algo, bytes);
+    c->nChannels = gcommChooseChannels(comm, func, bytes, c->proto);
+    c->bytesKey = bytes + 1;
+  }
+  *algo = c->algo, *proto = c->proto, *nch = c->nChannels;
+}
+
 /* Splits a checked operation into its works: one per channel, each a contiguous slice
  * (chanOff, chanCount). Collectives use the collective channels; a Send/Recv uses the
  * point-to-point channels, as many as its byte count gives (the same on both sides), at most
@@ -22,13 +35,14 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int maxChanne
   size_t esz = gcommTypeSize(args->datatype);
   /* the size every rank agrees on (nccl-tests' size), so that all ranks choose alike */
   size_t bytes = args->count * esz * (args->func >= gcommFuncAllGather && !isP2p ? n : 1);
-  int algo = isP2p ? gcommAlgoDirect : gcommChooseAlgo(comm, args->func, bytes);
-  int proto = gcommChooseProto(comm, args->func, algo, bytes);
-  int nch = gcommChooseChannels(comm, args->func, bytes, proto);
+  int algo, proto, nch;
+  choose(comm, args->func, bytes, &algo, &proto, &nch);
   if (maxChannels > 0 && nch > maxChannels) nch = maxChannels;
-  gcommOp_t* op = calloc(1, sizeof(gcommOp_t) + nch * sizeof(gcommWork_t));
+  gcommOp_t* op = gcommOpAlloc(comm, nch);
   if (op == NULL) return NULL;
+  int pooled = op->pooled;
   *op = *args;
+  op->pooled = pooled;
   op->algo = algo;
   op->proto = proto;
   op->nChannels = nch;
@@ -101,8 +115,8 @@ static void traceOp(gcommComm_t comm, const gcommOp_t* op) {
     gcommProfOpEnqueued(comm, (gcommOp_t*)op, groupDepth > 0);
 }
 
-static void freeOps(gcommOp_t* head) {
-  for (gcommOp_t* next; head; head = next) next = head->next, free(head);
+static void freeOps(gcommComm_t comm, gcommOp_t* head) {
+  for (gcommOp_t* next; head; head = next) next = head->next, gcommOpRelease(comm, head);
 }
 
 /* Hands the built operations of one call (n of them, head to tail, each with works) over: a GPU
@@ -114,11 +128,11 @@ static gcommResult_t submitOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tai
   if (comm->device >= 0) { /* a GPU communicator launches (now, or at the group's end) */
     if (groupDepth == 0) {
       gcommResult_t r = launchOps(comm, head, n, stream);
-      freeOps(head);
+      freeOps(comm, head);
       return r;
     }
     if (comm->groupHead != NULL && stream != comm->groupStream) {
-      freeOps(head);
+      freeOps(comm, head);
       return gcommSetError(comm, gcommInvalidUsage, -1, where,
                            "every operation of a group on one GPU communicator must use the "
                            "same stream");
@@ -154,7 +168,7 @@ gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stre
       __atomic_add_fetch(&comm->opsPosted, 1, __ATOMIC_ACQ_REL);
       __atomic_add_fetch(&comm->opsDone, 1, __ATOMIC_ACQ_REL);
     }
-    free(op);
+    gcommOpRelease(comm, op);
     return gcommSuccess;
   }
   return submitOps(comm, op, op, 1, stream, where);
@@ -178,7 +192,7 @@ gcommResult_t gcommEnqueueParts(gcommComm_t comm, gcommOp_t* parts, int n, int f
   for (int i = 0; i < n; i++) {
     gcommOp_t* op = buildOp(comm, &parts[i], maxChannels);
     if (op == NULL) {
-      freeOps(head);
+      freeOps(comm, head);
       return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
     }
     gcommOp_t call = *op;
@@ -188,7 +202,7 @@ gcommResult_t gcommEnqueueParts(gcommComm_t comm, gcommOp_t* parts, int n, int f
     op->tag = comm->params.checkMismatch ? gcommOpTag(&call) : 0;
     traceOp(comm, op);
     if (op->nWorks == 0) { /* an empty part */
-      free(op);
+      gcommOpRelease(comm, op);
       continue;
     }
     if (tail)
@@ -221,7 +235,7 @@ gcommResult_t gcommGroupClose(void) {
 #ifdef GCOMM_GPU
     if (comm->device >= 0) {
       r = launchOps(comm, comm->groupHead, count, comm->groupStream);
-      for (gcommOp_t *op = comm->groupHead, *next; op; op = next) next = op->next, free(op);
+      freeOps(comm, comm->groupHead);
     } else
 #endif
       r = gcommPostOps(comm, comm->groupHead, tail, count);

@@ -60,6 +60,12 @@ uint64_t gcommNowNs(void);
  * an abort or a deadline is seen quickly. Many ranks share few cores in tests. *idleSince is 0
  * while things move. Returns microseconds idle. */
 uint64_t gcommBackoff(uint64_t* idleSince, uint64_t spinUs, uint64_t maxNapUs);
+/* A spinning loop's pause: the core's hint that this thread waits on memory. */
+static inline void gcommCpuRelax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 /* Whether process pid (of this machine) is gone or a zombie. */
 int gcommProcessIsDead(pid_t pid);
 /* "AllReduce", "Broadcast", ... for logs and errors. */
@@ -174,6 +180,9 @@ typedef struct {
   gcommFifo_t* fifo;
   char* slots;   /* GCOMM_STEPS slots of slotBytes: after fifo, or elsewhere (GPU memory) */
   uint64_t step; /* this side's own counter: the next slot to fill (sender) or drain */
+  /* sender, host executor: the FIFO has room for every step below this (the head it last read
+   * plus GCOMM_STEPS), so that it reads the receiver's head only when that runs out */
+  uint64_t roomUntil;
   size_t slotBytes;
   int peer;
   /* A network send FIFO whose provider sends from any memory (transports/net_ofi.c): the host
@@ -208,10 +217,13 @@ typedef struct gcommWork {
   int queue, lane;
   gcommSched_t sched;
   long step, nSteps;
-  uint64_t waitSinceNs; /* when the current step first found a FIFO not ready; 0 when moving */
+  /* when the current step's wait was first timed (gcommWorkAdvance), 1 while it waits untimed
+   * yet, 0 when moving */
+  uint64_t waitSinceNs;
   int waitPeer, waitRecv;
-  int mayStart;    /* workMayStart said yes: it stays so, since later calls wait for this one */
-  int profStarted; /* profiler: PROF_OP / PROF_STEP events started (0 without one) */
+  int untimedPolls; /* polls of the current wait before its clock started */
+  int mayStart;     /* workMayStart said yes: it stays so, since later calls wait for this one */
+  int profStarted;  /* profiler: PROF_OP / PROF_STEP events started (0 without one) */
   void *profOp, *profStep; /* their handles */
 } gcommWork_t;
 
@@ -234,6 +246,7 @@ struct gcommOp {
   uint64_t seq; /* collectives: the communicator's collective sequence number */
   uint32_t tag; /* the call, packed for the FIFO slots (0 with GCOMM_CHECK_MISMATCH=0) */
   int nWorks, nWorksLeft;
+  int pooled; /* a one-work record of the communicator's pool (gcommOpAlloc) */
   /* profiler: the Coll/P2p event, parent of the works' events */
   void* profHandle;
   gcommWork_t works[];
@@ -485,6 +498,7 @@ struct gcommComm {
   int nQueues;
   gcommQueue_t* queues;
   long nActiveWorks;
+  int nBusyQueues; /* queues with a work: a pass stops looking once it has seen them all */
   pthread_mutex_t progressLock;
   pthread_t thread;
   int threadStarted, stopThread;
@@ -505,6 +519,17 @@ struct gcommComm {
    * was revoked here or seen revoked, else 0; the network tells the other nodes */
   int revoked;
   uint64_t collSeq;
+  /* One-work operation records (every small call's) kept for reuse instead of a calloc and a free
+   * a call: a stack that the threads finishing operations push on and only the owner pops
+   * (gcommOpAlloc), so a record cannot leave and come back between a pop's read and its swap. */
+  gcommOp_t* opPool;
+  int opPoolSize; /* atomic: records on the stack (at most GCOMM_OP_POOL_MAX) */
+  /* The cost model's last choice for each function (owner thread only): a program repeats its
+   * sizes, and the choice depends on nothing else that changes. bytesKey: bytes + 1, 0 none. */
+  struct {
+    size_t bytesKey;
+    int algo, proto, nChannels;
+  } choice[gcommNumFuncs];
   uint64_t livenessNs; /* when the engine last probed the local ranks' pids */
   /* why this rank stopped, as gcommPublishStop tells the other ranks (code atomic, 0 until then,
    * written after msg; the first stays) */

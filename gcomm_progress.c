@@ -21,6 +21,50 @@ static void dumpSignalHandler(int sig) {
   dumpRequests++;
 }
 
+/* One-work records kept for reuse: the most a communicator keeps (enough for the calls of a
+ * group of small operations in flight; more are freed). */
+#define GCOMM_OP_POOL_MAX 64
+
+gcommOp_t* gcommOpAlloc(gcommComm_t comm, int nWorks) {
+  size_t bytes = sizeof(gcommOp_t) + (size_t)nWorks * sizeof(gcommWork_t);
+  if (nWorks > 1) return calloc(1, bytes);
+  gcommOp_t* op = __atomic_load_n(&comm->opPool, __ATOMIC_ACQUIRE);
+  while (op != NULL && !__atomic_compare_exchange_n(&comm->opPool, &op, op->next, 1,
+                                                    __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE)) {
+  }
+  if (op == NULL) {
+    op = malloc(sizeof(gcommOp_t) + sizeof(gcommWork_t));
+    if (op == NULL) return NULL;
+  } else {
+    __atomic_sub_fetch(&comm->opPoolSize, 1, __ATOMIC_RELAXED);
+  }
+  memset(op, 0, bytes);
+  op->pooled = 1;
+  return op;
+}
+
+void gcommOpRelease(gcommComm_t comm, gcommOp_t* op) {
+  if (!op->pooled) {
+    free(op);
+    return;
+  }
+  if (__atomic_add_fetch(&comm->opPoolSize, 1, __ATOMIC_RELAXED) > GCOMM_OP_POOL_MAX) {
+    __atomic_sub_fetch(&comm->opPoolSize, 1, __ATOMIC_RELAXED);
+    free(op);
+    return;
+  }
+  op->next = __atomic_load_n(&comm->opPool, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(&comm->opPool, &op->next, op, 1, __ATOMIC_RELEASE,
+                                      __ATOMIC_RELAXED)) {
+  }
+}
+
+void gcommOpPoolFree(gcommComm_t comm) {
+  for (gcommOp_t *op = comm->opPool, *next; op != NULL; op = next) next = op->next, free(op);
+  comm->opPool = NULL;
+  comm->opPoolSize = 0;
+}
+
 static void opFinished(gcommComm_t comm, gcommOp_t* op) {
   if (op->prevActive)
     op->prevActive->nextActive = op->nextActive;
@@ -30,7 +74,7 @@ static void opFinished(gcommComm_t comm, gcommOp_t* op) {
     op->nextActive->prevActive = op->prevActive;
   else
     comm->activeTail = op->prevActive;
-  free(op);
+  gcommOpRelease(comm, op);
   __atomic_add_fetch(&comm->opsDone, 1, __ATOMIC_RELEASE);
   if (__atomic_load_n(&comm->waiters, __ATOMIC_ACQUIRE) > 0) {
     pthread_mutex_lock(&comm->doneLock);
@@ -59,10 +103,12 @@ static void activateOp(gcommComm_t comm, gcommOp_t* op) {
     gcommWork_t* w = &op->works[i];
     gcommQueue_t* q = &comm->queues[w->queue];
     w->next = NULL;
-    if (q->tail)
+    if (q->tail) {
       q->tail->next = w;
-    else
+    } else {
       q->head = w;
+      comm->nBusyQueues++;
+    }
     q->tail = w;
   }
   comm->nActiveWorks += op->nWorks;
@@ -98,6 +144,7 @@ void gcommDrainAll(gcommComm_t comm) {
     }
     comm->queues[q].tail = NULL;
   }
+  comm->nBusyQueues = 0;
 }
 
 /* Tells the other ranks that this rank's communicator stopped, and why, so that those blocked on
@@ -217,7 +264,7 @@ static void dumpState(gcommComm_t comm, const char* why) {
         snprintf(line + len, sizeof(line) - len, " count %zu %s %s algo %s channel %d step %ld/%ld",
                  op->count, gcommTypeNames[op->datatype], gcommOpNames[op->redop],
                  gcommAlgoNames[op->algo], w->lane, w->step, w->nSteps);
-    if (w->waitSinceNs) {
+    if (w->waitSinceNs > 1) { /* timed (1: waiting a few polls, untimed yet) */
       gcommConn_t* c =
           w->waitRecv ? recvConn(comm, w->lane, w->waitPeer) : sendConn(comm, w->lane, w->waitPeer);
       len += snprintf(line + len, sizeof(line) - len,
@@ -264,9 +311,10 @@ static void workFailed(gcommComm_t comm, gcommResult_t res) {
 /* Every queue's head work runs its ready steps; a finished work makes way for the next. Returns
  * -1 when a work failed (the communicator has stopped), else whether anything moved. */
 static int runQueues(gcommComm_t comm) {
-  int moved = 0;
-  for (int q = 0; q < comm->nQueues && comm->nActiveWorks > 0; q++) {
+  int moved = 0, busy = comm->nBusyQueues;
+  for (int q = 0, seen = 0; q < comm->nQueues && seen < busy; q++) {
     gcommWork_t* w;
+    if (comm->queues[q].head != NULL) seen++;
     while ((w = comm->queues[q].head) != NULL) {
       gcommResult_t res = gcommSuccess;
       if (w->step == 0 && !gcommWorkMayStart(comm, w)) break;
@@ -278,7 +326,7 @@ static int runQueues(gcommComm_t comm) {
       moved |= ran > 0;
       if (w->step < w->nSteps) break;
       comm->queues[q].head = w->next;
-      if (w->next == NULL) comm->queues[q].tail = NULL;
+      if (w->next == NULL) comm->queues[q].tail = NULL, comm->nBusyQueues--;
       workFinished(comm, w);
       moved = 1;
     }
@@ -342,9 +390,10 @@ static int transportsMustPoll(gcommComm_t comm) {
   return poll;
 }
 
-/* The host's waits: a few microseconds of spinning, naps of at most 1 ms (when mayNap). */
-static uint64_t hostBackoff(uint64_t* idleSince, int mayNap) {
-  return gcommBackoff(idleSince, 5, mayNap ? 1000 : 0);
+/* The host's waits: spinUs microseconds of spinning, then yields, naps of at most 1 ms (when
+ * mayNap). */
+static uint64_t hostBackoff(uint64_t* idleSince, uint64_t spinUs, int mayNap) {
+  return gcommBackoff(idleSince, spinUs, mayNap ? 1000 : 0);
 }
 
 /* At the thread's end, GCOMM_DEBUG=INFO (PROXY): the CPU it used over the communicator's life,
@@ -404,7 +453,7 @@ static void* progressThread(void* arg) {
      * waiting threads drive (host communicators), this thread matters only for
      * work nobody waits on, which a post wakes it for: it sleeps as soon as nothing is left
      * instead of yielding for 1 ms, which took the core from whatever the caller did next. */
-    int idleUs = (int)hostBackoff(&idleSince, mayNap);
+    int idleUs = (int)hostBackoff(&idleSince, 5, mayNap);
     if ((idleUs > 1000 || waitersDrive(comm)) && nothingLeft) {
       int timedOut = 0;
       pthread_mutex_lock(&comm->postLock);
@@ -574,27 +623,45 @@ gcommResult_t gcommDeadPeerResult(gcommComm_t comm, const char* where) {
   return gcommSuccess;
 }
 
+/* Polls a wait spins after the last movement before it reads the clock (its deadline, its
+ * back-off, which then yields the core at once): a clock read costs as much as a pass on some
+ * virtual machines (90 ns), and a small operation's peer usually answers within these. They
+ * take a few microseconds, as the progress thread's 5 us of spinning does. */
+#define WAIT_SPIN_POLLS 32
+
 static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int drive) {
-  uint64_t deadline = gcommNowNs() + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
-  uint64_t idleSince = 0;
+  uint64_t deadline = 0, idleSince = 0;
+  int spins = 0;
   while (!gcommAllDone(comm, target)) {
     if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) || gcommRevokeSeen(comm))
       return gcommFinalResult(comm, "gcommWait");
-    if (gcommNowNs() > deadline)
+    int ran = poll || (drive && pthread_mutex_trylock(&comm->progressLock) == 0), mayNap = 1;
+    if (ran) {
+      if (poll) pthread_mutex_lock(&comm->progressLock);
+      int moved = gcommProgressPass(comm);
+      mayNap = !transportsMustPoll(comm);
+      pthread_mutex_unlock(&comm->progressLock);
+      if (moved) {
+        idleSince = 0, spins = 0;
+        continue;
+      }
+    }
+    if (spins < WAIT_SPIN_POLLS) {
+      spins++;
+      gcommCpuRelax();
+      continue;
+    }
+    uint64_t now = gcommNowNs();
+    if (deadline == 0) deadline = now + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
+    if (now > deadline)
       return gcommSetError(
           comm, gcommTimeout, -1, "gcommWait",
           "%llu operations still outstanding after GCOMM_TIMEOUT_MS=%lld",
           (unsigned long long)(target - __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE)),
           (long long)comm->params.timeoutMs);
-    if (poll || (drive && pthread_mutex_trylock(&comm->progressLock) == 0)) {
-      if (poll) pthread_mutex_lock(&comm->progressLock);
-      int moved = gcommProgressPass(comm), mayNap = !transportsMustPoll(comm);
-      pthread_mutex_unlock(&comm->progressLock);
-      if (moved)
-        idleSince = 0;
-      else
-        hostBackoff(&idleSince, mayNap);
-    } else if (hostBackoff(&idleSince, 1) > 1000) {
+    if (ran) {
+      hostBackoff(&idleSince, 0, mayNap);
+    } else if (hostBackoff(&idleSince, 0, 1) > 1000) {
       /* long waits sleep until the engine finishes something (or 1 ms, to see aborts) */
       struct timespec ts = gcommDeadlineIn(1000000);
       pthread_mutex_lock(&comm->doneLock);
@@ -610,6 +677,8 @@ static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int d
 
 gcommResult_t gcommHostWait(gcommComm_t comm) {
   uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
+  /* finished already (small operations often finish in the call that posted them) */
+  if (gcommAllDone(comm, target)) return gcommFinalResult(comm, "gcommWait");
   int poll = comm->params.proxyMode == GCOMM_PROXY_POLL;
   /* A waiting thread runs the passes itself, as in poll mode, and the engine thread sleeps
    * meanwhile: no hand-off from one thread to the other on the critical path (small all-reduces

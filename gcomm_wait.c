@@ -24,9 +24,7 @@ uint64_t gcommBackoff(uint64_t* idleSince, uint64_t spinUs, uint64_t maxNapUs) {
   if (*idleSince == 0) *idleSince = now;
   uint64_t us = (now - *idleSince) / 1000;
   if (us < spinUs) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
+    gcommCpuRelax();
   } else if (us < 2000 || maxNapUs == 0) {
     sched_yield();
   } else {

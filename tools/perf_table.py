@@ -2,7 +2,7 @@
 """perf_table.py - turn gcomm_perf logs (several backends in one run) into markdown tables.
 
   tools/perf_table.py LOG... [--sizes 8,32K,2M,16M,128M,1G] [--vs nccl|mpi] [--coll allreduce,...]
-                      [--behind-from 1M] [--merge]
+                      [--behind-from 1M] [--merge] [--wins]
 
 A log holds either gcomm_perf's side-by-side table ("# Backends: gcomm mpi") or one nccl-tests
 table per backend ("# Backend: gcomm", gcomm_perf --separate), or is nccl-tests' own output
@@ -14,6 +14,8 @@ of gcomm and of the other backend, and the other's time over gcomm's (the busbw 
 above 1, gcomm is faster). Several logs (runs of one command): a row per collective and size, with
 each run's ratio out of place / in place and their medians: a machine that drifts shows in the
 spread, and no single run stands for the others.
+--wins: per collective and size, the median ratio out of place and in place and in
+how many runs each was at least 1.0 (gcomm level or ahead), instead of every run's ratio.
 --behind-from SIZE: then, per log, the sizes from SIZE at which gcomm's busbw is below the other's,
 out of place or in place, and in how many logs there is none.
 """
@@ -94,6 +96,26 @@ def ratio_table(runs, colls, sizes, other):
             print(f"| {c} | {pretty(s)} | {cells} | **{med[0]:.2f} / {med[1]:.2f}** |")
 
 
+def wins_table(runs, colls, sizes, other):
+    """Per cell: the median ratio other/gcomm and how many runs had it at least 1.0."""
+    print(f"| collective | size | median out of place | runs >= 1.0 | median in place | runs >= 1.0 |")
+    print("|---|---|---|---|---|---|")
+    for c in colls:
+        for s in sorted({k[2] for rows in runs for k in rows if k[0] == c}):
+            if sizes and s not in sizes:
+                continue
+            cols = []
+            for side in (0, 3):  # time out of place, time in place
+                r = []
+                for rows in runs:
+                    g, o = rows.get((c, "gcomm", s)), rows.get((c, other, s))
+                    if g and o and g[side] > 0 and o[side] == o[side]:
+                        r.append(o[side] / g[side])
+                cols.append(f"{statistics.median(r):.2f} | {sum(x >= 1.0 for x in r)}/{len(r)}"
+                            if r else "- | -")
+            print(f"| {c} | {pretty(s)} | {cols[0]} | {cols[1]} |")
+
+
 def behind_table(paths, runs, colls, other, least):
     """Per run: the sizes from `least` at which gcomm's busbw is below the other's."""
     met = 0
@@ -119,6 +141,7 @@ def main():
     ap.add_argument("--coll", default="")
     ap.add_argument("--behind-from", default="")
     ap.add_argument("--merge", action="store_true")
+    ap.add_argument("--wins", action="store_true")
     a = ap.parse_args()
     runs = [read_rows(path) for path in a.log]
     if a.merge:
@@ -127,8 +150,8 @@ def main():
     colls = a.coll.split(",") if a.coll else list(dict.fromkeys(k[0] for k in rows))
     sizes = [parse_size(s) for s in a.sizes.split(",")] if a.sizes else None
     other = a.vs
-    if len(runs) > 1:
-        ratio_table(runs, colls, sizes, other)
+    if a.wins or len(runs) > 1:
+        (wins_table if a.wins else ratio_table)(runs, colls, sizes, other)
         if a.behind_from:
             behind_table(a.log, runs, colls, other, parse_size(a.behind_from))
         return
