@@ -81,7 +81,7 @@ if [ "$hydra" = 1 ]; then keep=(-disable-auto-cleanup); else keep=(--mca orte_ab
 passed=0
 failed=0
 pass() { echo "PASS $*"; passed=$((passed + 1)); }
-fail() { echo "FAIL $*"; failed=$((failed + 1)); }
+source "$here/survivors.sh"
 
 # ---- kill: a rank dies over shm ----
 for cfg in $KILLS; do
@@ -132,15 +132,7 @@ for how in $SHRINKS; do
     -n 1 python3 "$tmp/keeper.py" "$dir" 3 "$BUILD/test/test_shrink" : \
     -n 1 "$BUILD/test/test_shrink" >"$out" 2>&1
   [ $? = 124 ] && fail "shrink $how: the job hung"
-  for r in 0 1 3; do
-    if [ -s "$dir/rank$r" ]; then
-      cut -c1-400 "$dir/rank$r"
-      if grep -q '^PASS' "$dir/rank$r"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-    else
-      fail "shrink $how: survivor rank $r reported nothing (crashed or hung?)"
-      tail -20 "$out"
-    fi
-  done
+  countSurvivors "$dir" "shrink $how" "$out" 0 1 3
 done
 
 # examples/shrink_solver: rank 2 dies at iteration 555; the survivors shrink, go back to the

@@ -84,7 +84,7 @@ hydra=0
 
 passed=0
 failed=0
-fail() { echo "FAIL $*"; failed=$((failed + 1)); }
+source "$here/survivors.sh"
 
 # config "prov:NxR[/poll][/unshared][/chN][/epN]" -> provider, nodes, ranks per node, poll, shared
 # buffers, channels, endpoints (empty: the default)
@@ -143,21 +143,6 @@ for cfg in $FAULTS; do
   runProg test_fault
 done
 
-# Counts the line each survivor of a kill (every rank but $2) wrote in $1/rankR; $3 names the run.
-countSurvivors() {
-  local dir=$1 victim=$2 what=$3 r
-  for ((r = 0; r < n; r++)); do
-    [ "$r" = "$victim" ] && continue
-    if [ -s "$dir/rank$r" ]; then
-      cut -c1-400 "$dir/rank$r"
-      if grep -q '^PASS' "$dir/rank$r"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-    else
-      fail "$what: survivor rank $r reported nothing (crashed or hung?)"
-      tail -20 "$out"
-    fi
-  done
-}
-
 # A rank dies in the middle of a large all-reduce.
 if [ "$hydra" = 1 ]; then keep=(-disable-auto-cleanup); else keep=(--mca orte_abort_on_non_zero_status 0); fi
 for cfg in $KILLS; do
@@ -173,7 +158,7 @@ for cfg in $KILLS; do
     "$tmp/node.sh" "$BUILD/test/test_netkill" >"$out" 2>&1
   rc=$?
   [ "$rc" = 124 ] && fail "test_netkill $cfg: the job hung"
-  countSurvivors "$dir" "$victim" "test_netkill $cfg"
+  countSurvivors "$dir" "test_netkill $cfg" "$out" $(seq 0 $((n - 1)) | grep -vx "$victim")
   echo "== test_netkill $cfg: $(($(date +%s) - t0)) s"
 done
 
@@ -192,7 +177,7 @@ for cfg in $SHRINKS; do
       "${mpiexec_flags[@]}" "${keep[@]}" -n "$n" "$tmp/node.sh" "$BUILD/test/test_shrink" \
       >"$out" 2>&1
     [ $? = 124 ] && fail "test_shrink kill $cfg $how: the job hung"
-    countSurvivors "$dir" 1 "test_shrink kill $cfg $how"
+    countSurvivors "$dir" "test_shrink kill $cfg $how" "$out" 0 $(seq 2 $((n - 1)))
     echo "== test_shrink kill $cfg $how: $(($(date +%s) - t0)) s"
   done
 done
