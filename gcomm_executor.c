@@ -264,11 +264,6 @@ static void noteCurrent(gcommComm_t comm, const gcommWork_t* w) {
                    __ATOMIC_RELEASE);
 }
 
-/* A wait's first polls do not read the clock (for its probes and its deadline): a read costs as
- * much as a pass on some virtual machines (90 ns), and most waits of small operations end within
- * a few polls. Its time counts from the first read, after which every poll reads it. */
-#define WAIT_CLOCK_POLLS 32
-
 /* Notes that w cannot move: fails it when a rank died or stopped, the ranks' calls differ,
  * or the deadline passed. */
 static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int isRecv) {
@@ -282,7 +277,8 @@ static gcommResult_t workBlocked(gcommComm_t comm, gcommWork_t* w, int peer, int
     w->waitRecv = isRecv;
     return gcommSuccess;
   }
-  if (w->waitSinceNs == 1 && ++w->untimedPolls < WAIT_CLOCK_POLLS) return gcommSuccess;
+  /* the wait's time counts from its first clock read, GCOMM_UNTIMED_POLLS polls in */
+  if (w->waitSinceNs == 1 && ++w->untimedPolls < GCOMM_UNTIMED_POLLS) return gcommSuccess;
   uint64_t now = gcommNowNs();
   if (w->waitSinceNs == 1) {
     w->waitSinceNs = now;

@@ -55,6 +55,10 @@ gcommResult_t gcommSetError(gcommComm_t comm, gcommResult_t res, int peer, const
   } while (0)
 
 uint64_t gcommNowNs(void);
+/* Polls a wait makes before it reads the clock (for its deadline, probes and back-off): a read
+ * costs as much as a progress pass on some virtual machines (90 ns), and the peer of a small
+ * operation usually answers within these few microseconds. */
+#define GCOMM_UNTIMED_POLLS 32
 /* The one back-off of every wait (gcomm_wait.c): spin spinUs microseconds, then yield the core,
  * then (maxNapUs > 0) sleep for a fraction of the time already waited, at most maxNapUs, so that
  * an abort or a deadline is seen quickly. Many ranks share few cores in tests. *idleSince is 0

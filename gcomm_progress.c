@@ -623,12 +623,6 @@ gcommResult_t gcommDeadPeerResult(gcommComm_t comm, const char* where) {
   return gcommSuccess;
 }
 
-/* Polls a wait spins after the last movement before it reads the clock (its deadline, its
- * back-off, which then yields the core at once): a clock read costs as much as a pass on some
- * virtual machines (90 ns), and a small operation's peer usually answers within these. They
- * take a few microseconds, as the progress thread's 5 us of spinning does. */
-#define WAIT_SPIN_POLLS 32
-
 static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int drive) {
   uint64_t deadline = 0, idleSince = 0;
   int spins = 0;
@@ -646,7 +640,7 @@ static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int d
         continue;
       }
     }
-    if (spins < WAIT_SPIN_POLLS) {
+    if (spins < GCOMM_UNTIMED_POLLS) { /* then the back-off yields at once */
       spins++;
       gcommCpuRelax();
       continue;
