@@ -73,6 +73,11 @@ static double predictGpuUs(int func, int algo, int proto, int n, double bytes, i
 #endif
 
 int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
+#ifdef GCOMM_GPU
+  /* recursive doubling is not in the kernels (gcomm_sched.h): forced, a GPU one runs direct */
+  if (comm->device >= 0 && comm->params.algo == gcommAlgoRecDbl)
+    return gcommSchedAlgo(func, gcommAlgoDirect);
+#endif
   if (comm->params.algo >= 0) return gcommSchedAlgo(func, comm->params.algo);
 #ifdef GCOMM_GPU
   /* GPUs (measured on 2 H200s, docs/PERF.md): the one-shot all-reduce (one hop) wins while each
