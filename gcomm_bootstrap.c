@@ -191,6 +191,7 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
    * a GPU wait on each other: all must be resident); one waiting to start beside the one before
    * it holds SMs too: every rank sharing a GPU must still fit both */
   comm->smallKernel = (int64_t)sharing * GCOMM_DEV_SMALL_WORKS <= fewestSms;
+  comm->mediumKernel = (int64_t)sharing * 2 * GCOMM_DEV_MEDIUM_WORKS <= fewestSms;
   comm->launchOverlap = comm->params.pdl && comm->deviceCcMajor >= 9 &&
                         (int64_t)sharing * 2 * GCOMM_DEV_SMALL_WORKS <= fewestSms;
   *nChannels = spansNodes(comm)                                    ? GPU_NET_CHANNELS

@@ -54,8 +54,9 @@ extern "C" {
 #define GCOMM_DEV_FIFO_HDR 256
 #define GCOMM_DEV_HEAD_BYTES 128
 #define GCOMM_DEV_THREADS 512
-#define GCOMM_DEV_SMALL_WORKS 8 /* works a small launch carries in its parameters */
-#define GCOMM_DEV_MAX_WORKS 128 /* works one launch carries at most (a bigger group is split) */
+#define GCOMM_DEV_SMALL_WORKS 8   /* works a small launch carries in its parameters */
+#define GCOMM_DEV_MEDIUM_WORKS 32 /* works a medium LL launch carries (1 block an SM) */
+#define GCOMM_DEV_MAX_WORKS 128   /* works one launch carries at most (a bigger group is split) */
 /* a block keeps its lane's connections in shared memory up to this many ranks */
 #define GCOMM_DEV_CACHE_RANKS 256
 #define GCOMM_DEV_COUNTERS 3 /* per connection in `steps`: send, receive, known head */
@@ -115,10 +116,10 @@ typedef struct {
   uint64_t* times;         /* profiler: [2 * work] start and stop %globaltimer of each work, in
                               mapped host memory (device pointer), or NULL */
   int nBlocks, nWorks;
-  /* a small LL launch may run the kernel of 1 block an SM (gcommComm.smallKernel), and start its
-   * prologue while the previous launch on the stream runs (programmatic dependent launch:
-   * gcommComm.launchOverlap) */
-  int smallKernel, overlap;
+  /* a small or medium LL launch may run a kernel of 1 block an SM (gcommComm.smallKernel,
+   * mediumKernel), and start its prologue while the previous launch on the stream runs
+   * (programmatic dependent launch: gcommComm.launchOverlap) */
+  int smallKernel, mediumKernel, overlap;
   uint16_t first[GCOMM_DEV_MAX_WORKS + 1];
   gcommDevWork_t works[GCOMM_DEV_MAX_WORKS];
 } gcommDevLaunch_t;

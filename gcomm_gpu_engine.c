@@ -179,6 +179,7 @@ static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* st
   a->hostCopy = d->host;
   a->first[a->nBlocks] = (uint16_t)a->nWorks;
   a->smallKernel = comm->smallKernel;
+  a->mediumKernel = comm->mediumKernel;
   a->overlap = comm->launchOverlap;
   a->times =
       d->prof && GCOMM_PROF_ON(comm, gcommProfileKernelCh) ? gcommGpuProfTake(comm, a) : NULL;

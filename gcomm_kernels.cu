@@ -258,6 +258,21 @@ static __device__ void recordError(gcommDevComm_t* gcomm, const gcommDevComm_t* 
                                    int peer, int lane, int isRecv, int func, long step,
                                    unsigned long long got, unsigned long long expected);
 
+/* Whether a wait on LL lines that has spun a while must end: the block failed already, the
+ * communicator was aborted, or the deadline passed (recorded, and set in w.fail). *t0: when the
+ * wait began (0: not read yet). */
+static __device__ __forceinline__ bool llGiveUp(const LlWait& w, int peer, uint64_t* t0) {
+  if (*w.fail) return true;
+  int code = *w.comm->abortFlag ? gcommAborted : 0;
+  uint64_t now = globalTimer();
+  if (*t0 == 0) *t0 = now;
+  if (code == 0 && now - *t0 > w.comm->timeoutNs) code = gcommTimeout;
+  if (code == 0) return false;
+  recordError(w.gcomm, w.comm, code, peer, w.lane, 1, w.func, w.step, 0, 0);
+  *w.fail = code;
+  return true;
+}
+
 /* The 8 data bytes of line p once both its flags read `flag` (0 after a failure). */
 static __device__ uint64_t llRead(const uint4* p, uint32_t flag, const LlWait& w, int peer) {
   unsigned spins = 0;
@@ -265,18 +280,7 @@ static __device__ uint64_t llRead(const uint4* p, uint32_t flag, const LlWait& w
   for (;;) {
     uint4 v = gcommGpuLlLoad(p);
     if (v.y == flag && v.w == flag) return v.x | (uint64_t)v.z << 32;
-    if (++spins < 1024) continue;
-    spins = 0;
-    if (*w.fail) return 0;
-    int code = *w.comm->abortFlag ? gcommAborted : 0;
-    uint64_t now = globalTimer();
-    if (t0 == 0) t0 = now;
-    if (code == 0 && now - t0 > w.comm->timeoutNs) code = gcommTimeout;
-    if (code) {
-      recordError(w.gcomm, w.comm, code, peer, w.lane, 1, w.func, w.step, 0, 0);
-      *w.fail = code;
-      return 0;
-    }
+    if (++spins % 1024 == 0 && llGiveUp(w, peer, &t0)) return 0;
   }
 }
 
@@ -284,10 +288,18 @@ static __device__ __forceinline__ void llWrite(uint4* p, uint64_t data, uint32_t
   gcommGpuLlStore(p, make_uint4((uint32_t)data, flag, (uint32_t)(data >> 32), flag));
 }
 
-/* One LL step: each thread takes whole lines (8 bytes: 8 / sizeof(T) elements). Inlined, with
- * the dispatch that leads here: a call's register saves go through local memory, and in a small
- * operation those cost more than the data (PERF.md, "Where gcomm is behind, and why"). */
-template <int DT, int OP>
+/* Lines a thread has in flight at once in medium and large LL launches. A thread that waits on
+ * each line before loading the next moves 8 bytes per load latency (a block of 512 threads ~11
+ * GB/s of payload on an H200); loading LL_UNROLL lines (and their local operands) before looking
+ * at any overlaps those latencies. A small launch's operations are a line or a few a thread, and
+ * load one at a time: 4 cost them ~1 us (2 H100, 8 B all-reduce 5.9 us against 4.9). */
+#define LL_UNROLL 4
+
+/* One LL step: each thread takes whole lines (8 bytes: 8 / sizeof(T) elements), LINES at a
+ * time, blockDim.x lines apart. Inlined, with the dispatch that leads here: a call's register
+ * saves go through local memory, and in a small operation those cost more than the data (PERF.md,
+ * "Where gcomm is behind, and why"). */
+template <int DT, int OP, int LINES>
 static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w) {
   typedef Elem<DT> T;
   constexpr int E = 8 / sizeof(T);
@@ -295,131 +307,174 @@ static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w)
     uint64_t u;
     T e[E];
   };
-  const size_t nLines = gcommDivUp(io.count, E);
+  const size_t nLines = gcommDivUp(io.count, E), stride = blockDim.x;
   const bool srcWhole = isAligned(io.src, 8), dstWhole = isAligned(io.out[0], 8);
   const T* src = (const T*)io.src;
   T* dst = (T*)io.out[0];
-  for (size_t j = threadIdx.x; j < nLines; j += blockDim.x) {
-    const size_t e0 = j * E;
-    const int ne = io.count - e0 < (size_t)E ? (int)(io.count - e0) : E;
-    Line v, x;
-    v.u = 0;
-    if (src && (io.in[0] == NULL || io.reduce)) {
-      if (srcWhole && ne == E)
-        v.u = *(const uint64_t*)(src + e0);
-      else
-        for (int e = 0; e < ne; e++) v.e[e] = src[e0 + e];
-      if constexpr (OP == gcommSum)
-        if (io.scale)
+  const bool useSrc = src && (io.in[0] == NULL || io.reduce);
+  const uint4* in0 = (const uint4*)io.in[0];
+  for (size_t j0 = threadIdx.x; j0 < nLines; j0 += LINES * stride) {
+    uint4 raw[LINES];
+    Line own[LINES];
 #pragma unroll
-          for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::preMul(v.e[e], scalarOf<DT>(io));
+    for (int u = 0; u < LINES; u++) { /* guarded, not left early: the arrays stay registers */
+      const size_t j = j0 + u * stride;
+      own[u].u = 0;
+      raw[u] = make_uint4(0, 0, 0, 0);
+      if (j < nLines && useSrc && srcWhole && (j + 1) * E <= io.count)
+        own[u].u = *(const uint64_t*)(src + j * E);
+      if (j < nLines && in0) raw[u] = gcommGpuLlLoad(in0 + j);
     }
-    if (io.in[0]) {
-      x.u = llRead((const uint4*)io.in[0] + j, io.flagIn[0], w, io.inPeer[0]);
-      if (!io.reduce || !src) { /* received data, or in0 op in1 without a local operand */
-        v.u = x.u;
-      } else {
+    if (in0) { /* reload, in this loop, every line whose flags are not the step's yet */
+      unsigned spins = 0;
+      uint64_t t0 = 0;
+      for (;;) {
+        bool ready = true;
 #pragma unroll
-        for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::reduce(OP, v.e[e], x.e[e]);
+        for (int u = 0; u < LINES; u++) {
+          const size_t j = j0 + u * stride;
+          if (j < nLines && (raw[u].y != io.flagIn[0] || raw[u].w != io.flagIn[0])) {
+            ready = false;
+            raw[u] = gcommGpuLlLoad(in0 + j);
+          }
+        }
+        if (ready || (++spins % 1024 == 0 && llGiveUp(w, io.inPeer[0], &t0))) break;
       }
-      if (io.reduce && io.in[1]) {
-        x.u = llRead((const uint4*)io.in[1] + j, io.flagIn[1], w, io.inPeer[1]);
+    }
 #pragma unroll
-        for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::reduce(OP, v.e[e], x.e[e]);
+    for (int u = 0; u < LINES; u++) {
+      const size_t j = j0 + u * stride, e0 = j * E;
+      if (j >= nLines) continue;
+      const int ne = io.count - e0 < (size_t)E ? (int)(io.count - e0) : E;
+      Line v, x;
+      v.u = 0;
+      if (useSrc) {
+        if (srcWhole && ne == E)
+          v.u = own[u].u;
+        else
+          for (int e = 0; e < ne; e++) v.e[e] = src[e0 + e];
+        if constexpr (OP == gcommSum)
+          if (io.scale)
+#pragma unroll
+            for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::preMul(v.e[e], scalarOf<DT>(io));
       }
-    }
-    if (io.div)
+      if (in0) {
+        x.u = raw[u].x | (uint64_t)raw[u].z << 32; /* after a failed wait: whatever it held */
+        if (!io.reduce || !src) { /* received data, or in0 op in1 without a local operand */
+          v.u = x.u;
+        } else {
 #pragma unroll
-      for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::divide(v.e[e], io.nranks);
-    if (dst) {
-      if (dstWhole && ne == E)
-        *(uint64_t*)(dst + e0) = v.u;
-      else
-        for (int e = 0; e < ne; e++) dst[e0 + e] = v.e[e];
+          for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::reduce(OP, v.e[e], x.e[e]);
+        }
+        if (io.reduce && io.in[1]) {
+          x.u = llRead((const uint4*)io.in[1] + j, io.flagIn[1], w, io.inPeer[1]);
+#pragma unroll
+          for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::reduce(OP, v.e[e], x.e[e]);
+        }
+      }
+      if (io.div)
+#pragma unroll
+        for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::divide(v.e[e], io.nranks);
+      if (dst) {
+        if (dstWhole && ne == E)
+          *(uint64_t*)(dst + e0) = v.u;
+        else
+          for (int e = 0; e < ne; e++) dst[e0 + e] = v.e[e];
+      }
+      if (io.out[1]) llWrite((uint4*)io.out[1] + j, v.u, io.flagOut[0]);
+      if (io.out[2]) llWrite((uint4*)io.out[2] + j, v.u, io.flagOut[1]);
     }
-    if (io.out[1]) llWrite((uint4*)io.out[1] + j, v.u, io.flagOut[0]);
-    if (io.out[2]) llWrite((uint4*)io.out[2] + j, v.u, io.flagOut[1]);
   }
 }
 
-/* The step's code for datatype and op: Simple (reduceStep) or LL (llStep). */
-template <bool LL, int DT>
+/* The step's code for datatype and op: Simple (reduceStep, LL_LINES 0) or LL (llStep with
+ * LL_LINES lines in flight a thread). */
+template <int LL_LINES, int DT, int OP>
+static __device__ __forceinline__ void stepOp(const StepIo& io, const LlWait& w) {
+  if constexpr (LL_LINES > 0)
+    llStep<DT, OP, LL_LINES>(io, w);
+  else
+    reduceStep<DT, OP>(io);
+}
+
+template <int LL_LINES, int DT>
 static __device__ __forceinline__ void stepT(const StepIo& io, int op, const LlWait& w) {
   switch (op) {
     case gcommProd:
-      LL ? llStep<DT, gcommProd>(io, w) : reduceStep<DT, gcommProd>(io);
+      stepOp<LL_LINES, DT, gcommProd>(io, w);
       break;
     case gcommMax:
-      LL ? llStep<DT, gcommMax>(io, w) : reduceStep<DT, gcommMax>(io);
+      stepOp<LL_LINES, DT, gcommMax>(io, w);
       break;
     case gcommMin:
-      LL ? llStep<DT, gcommMin>(io, w) : reduceStep<DT, gcommMin>(io);
+      stepOp<LL_LINES, DT, gcommMin>(io, w);
       break;
     default:
-      LL ? llStep<DT, gcommSum>(io, w) : reduceStep<DT, gcommSum>(io);
+      stepOp<LL_LINES, DT, gcommSum>(io, w);
       break; /* Sum, Avg, PreMulSum */
   }
 }
 
-template <bool LL>
+template <int LL_LINES>
 static __device__ __forceinline__ void dataStepT(const StepIo& io, int datatype, int op,
                                                  const LlWait& w) {
   switch (datatype) {
     case gcommInt8:
-      stepT<LL, gcommInt8>(io, op, w);
+      stepT<LL_LINES, gcommInt8>(io, op, w);
       break;
     case gcommUint8:
-      stepT<LL, gcommUint8>(io, op, w);
+      stepT<LL_LINES, gcommUint8>(io, op, w);
       break;
     case gcommInt32:
-      stepT<LL, gcommInt32>(io, op, w);
+      stepT<LL_LINES, gcommInt32>(io, op, w);
       break;
     case gcommUint32:
-      stepT<LL, gcommUint32>(io, op, w);
+      stepT<LL_LINES, gcommUint32>(io, op, w);
       break;
     case gcommInt64:
-      stepT<LL, gcommInt64>(io, op, w);
+      stepT<LL_LINES, gcommInt64>(io, op, w);
       break;
     case gcommUint64:
-      stepT<LL, gcommUint64>(io, op, w);
+      stepT<LL_LINES, gcommUint64>(io, op, w);
       break;
     case gcommFloat16:
-      stepT<LL, gcommFloat16>(io, op, w);
+      stepT<LL_LINES, gcommFloat16>(io, op, w);
       break;
     case gcommFloat32:
-      stepT<LL, gcommFloat32>(io, op, w);
+      stepT<LL_LINES, gcommFloat32>(io, op, w);
       break;
     case gcommFloat64:
-      stepT<LL, gcommFloat64>(io, op, w);
+      stepT<LL_LINES, gcommFloat64>(io, op, w);
       break;
     case gcommBfloat16:
-      stepT<LL, gcommBfloat16>(io, op, w);
+      stepT<LL_LINES, gcommBfloat16>(io, op, w);
       break;
     case gcommFloat8e4m3:
-      stepT<LL, gcommFloat8e4m3>(io, op, w);
+      stepT<LL_LINES, gcommFloat8e4m3>(io, op, w);
       break;
     default:
-      stepT<LL, gcommFloat8e5m2>(io, op, w);
+      stepT<LL_LINES, gcommFloat8e5m2>(io, op, w);
       break;
   }
 }
 
+template <int LINES>
 static __device__ __forceinline__ void llDataStep(const StepIo& io, int datatype, int op,
                                                   const LlWait& w) {
   /* copies move raw lines: the unsigned type of the element's size */
   int sz = gcommTypeSize(datatype);
   if (!io.reduce && !io.div && !io.scale)
     datatype = sz == 1 ? gcommUint8 : sz == 2 ? gcommFloat16 : sz == 4 ? gcommUint32 : gcommUint64;
-  dataStepT<true>(io, datatype, op, w);
+  dataStepT<LINES>(io, datatype, op, w);
 }
 
 static __device__ void dataStep(const StepIo& io, int datatype, int op, bool ll, const LlWait& w) {
   if (ll) {
-    llDataStep(io, datatype, op, w);
+    llDataStep<LL_UNROLL>(io, datatype, op, w);
   } else if (!io.reduce && !io.div && !io.scale) {
     copyStep(io, gcommTypeSize(datatype));
   } else {
-    dataStepT<false>(io, datatype, op, w);
+    dataStepT<0>(io, datatype, op, w);
   }
 }
 
@@ -728,10 +783,10 @@ static __device__ __forceinline__ uint64_t workScalar(const gcommDevWork_t& w, s
 /* LL_ONLY: every work of the launch uses LL (small operations): the Simple code is compiled out,
  * so nothing spills to local memory. Blocks per SM: the channel rule (gpuDefaultChannels) counts
  * on 2 blocks of every rank sharing a GPU being resident at once, which caps registers at 64; a
- * small LL launch has at most GCOMM_DEV_SMALL_WORKS blocks, which fit at one an SM (unless many
- * ranks share the GPU: gcommComm.smallKernel). */
+ * small or medium LL launch has at most GCOMM_DEV_SMALL_WORKS or GCOMM_DEV_MEDIUM_WORKS blocks,
+ * which fit at one an SM (unless many ranks share the GPU: gcommComm.smallKernel, mediumKernel). */
 template <int W, bool LL_ONLY>
-__global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SMALL_WORKS ? 1 : 2)
+__global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_MEDIUM_WORKS ? 1 : 2)
     gcommKernel(const __grid_constant__ KArgs<W> a) {
   /* shFail: thread 0's wait failed (written before a barrier, read after it); shDataFail: a wait
    * of any thread during the data phase failed (only ever set, then the block returns). */
@@ -764,7 +819,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
    * then lets the next one start its own prologue: at most two are resident (the rule that sets
    * gcommComm.launchOverlap counts on it). */
   gcommGpuGridWait();
-  if (LL_ONLY && W <= GCOMM_DEV_SMALL_WORKS) gcommGpuLaunchDependents();
+  if (LL_ONLY && W <= GCOMM_DEV_MEDIUM_WORKS) gcommGpuLaunchDependents();
   if (cached) loadCounters(shCache, comm, lane0);
   __syncthreads();
   for (int wi = a.first[blockIdx.x]; wi < a.first[blockIdx.x + 1]; wi++) {
@@ -787,7 +842,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_SM
       if (ll && tid == hdrTid) llHeaders(io, st, word, lw);
       if (io.count > 0) {
         if (LL_ONLY)
-          llDataStep(io, w.datatype, w.redop, lw);
+          llDataStep<W <= GCOMM_DEV_SMALL_WORKS ? 1 : LL_UNROLL>(io, w.datatype, w.redop, lw);
         else
           dataStep(io, w.datatype, w.redop, ll, lw);
       }
@@ -829,7 +884,7 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
                                                   2 * GCOMM_DEV_COUNTERS * n * sizeof(uint64_t)
                                             : 0;
 #ifndef GCOMM_HIP
-  if (LL_ONLY && W <= GCOMM_DEV_SMALL_WORKS && src->overlap) {
+  if (LL_ONLY && W <= GCOMM_DEV_MEDIUM_WORKS && src->overlap) {
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
@@ -850,11 +905,14 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
 extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
   bool llOnly = true, small = args->nWorks <= GCOMM_DEV_SMALL_WORKS;
   for (int i = 0; i < args->nWorks; i++) llOnly = llOnly && args->works[i].proto == gcommProtoLL;
-  /* the small LL kernel runs 1 block an SM: with too many ranks on this GPU for that, the large
-   * one (2 an SM) */
-  if (llOnly)
-    return small && args->smallKernel ? launch<GCOMM_DEV_SMALL_WORKS, true>(args, stream)
-                                      : launch<GCOMM_DEV_MAX_WORKS, true>(args, stream);
+  /* the small and medium LL kernels run 1 block an SM: with too many ranks on this GPU for that,
+   * the large one (2 an SM) */
+  if (llOnly) {
+    if (small && args->smallKernel) return launch<GCOMM_DEV_SMALL_WORKS, true>(args, stream);
+    if (args->nWorks <= GCOMM_DEV_MEDIUM_WORKS && args->mediumKernel)
+      return launch<GCOMM_DEV_MEDIUM_WORKS, true>(args, stream);
+    return launch<GCOMM_DEV_MAX_WORKS, true>(args, stream);
+  }
   return small ? launch<GCOMM_DEV_SMALL_WORKS, false>(args, stream)
                : launch<GCOMM_DEV_MAX_WORKS, false>(args, stream);
 }
@@ -876,6 +934,7 @@ extern "C" int gcommKernelsLoad(size_t* stackBytes) {
   return (int)cudaSuccess;
 #else
   const void* fns[] = {(const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, true>,
+                       (const void*)gcommKernel<GCOMM_DEV_MEDIUM_WORKS, true>,
                        (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, true>,
                        (const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, false>,
                        (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, false>,

@@ -37,6 +37,12 @@ static int costTerms(int func, int algo, int n, double* hops, double* data) {
       *hops = algo == gcommAlgoRing ? n - 1 : algo == gcommAlgoRecDbl ? gcommLog2(n) : 1;
       *data = (algo == gcommAlgoRing ? 2.0 : 3.0) * (n - 1) / n;
       break;
+    case gcommFuncSend:
+    case gcommFuncRecv:
+      /* a send and the receive of the usual exchange share the point-to-point channels (GPU LL
+       * send/recv 512 KB-2 MB on 2 H100s: the rate half the collectives') */
+      *hops = 1, *data = 2;
+      break;
     default:
       *hops = 1, *data = 2.0 * (n - 1) / n;
   }
@@ -53,14 +59,14 @@ static double predictUs(int func, int algo, int n, double bytes) {
 #ifdef GCOMM_GPU
 /* GPU communicators, per protocol, fitted to GCOMM_PROTO-forced sweeps on 2 H200s over NVLink
  * (docs/PERF.md): the cost of one FIFO hop (launch included), what one block (a channel) moves
- * per microsecond, and the link's cap. LL saves ~2 us a hop (its launches run the LL-only kernel,
- * which spills nothing) but moves data at a fraction of Simple's rate (half of every line is
- * flags), so it pays up to ~128-256 KB (a GCOMM_PROTO-forced sweep). */
+ * per microsecond, and the link's cap. LL saves ~3 us a hop (its launches run the LL-only kernel,
+ * and a line needs no fence) but moves data at ~3/4 of Simple's rate (half of every line is
+ * flags), so it pays up to ~1-2 MB on 2 GPUs, spread over up to 32 channels. */
 static const struct {
   double hopUs, blockBytesPerUs, linkBytesPerUs;
 } gpuCost[gcommNumProtos] = {
     {5.9, 20000, 340000}, /* Simple: payload, one release per post */
-    {3.9, 11000, 120000}, /* LL: flags in the data; its kernel spills nothing */
+    {2.7, 20000, 260000}, /* LL: flags in the data */
 };
 
 static double predictGpuUs(int func, int algo, int proto, int n, double bytes, int nch) {
@@ -81,9 +87,12 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   if (comm->params.algo >= 0) return gcommSchedAlgo(func, comm->params.algo);
 #ifdef GCOMM_GPU
   /* GPUs (measured on 2 H200s, docs/PERF.md): the one-shot all-reduce (one hop) wins while each
-   * rank's (n-1) copies stay small; elsewhere the ring. */
+   * rank's (n-1) copies stay small, up to 2 MB of them with Simple, 256 KB with LL (beyond, LL's
+   * ring is faster: 512 KB 9.8 us against 10.6, 2 MB 21.9 against 26.2); elsewhere the ring. */
   if (comm->device >= 0) {
-    int small = func == gcommFuncAllReduce && bytes * (size_t)(comm->nranks - 1) <= (2u << 20);
+    int ll = gcommChooseProto(comm, func, gcommAlgoRing, bytes) == gcommProtoLL;
+    size_t copies = bytes * (size_t)(comm->nranks - 1);
+    int small = func == gcommFuncAllReduce && copies <= (ll ? 256u << 10 : 2u << 20);
     return gcommSchedAlgo(func, small ? gcommAlgoDirect : gcommAlgoRing);
   }
 #endif
@@ -128,14 +137,15 @@ int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto) {
   if (comm->device >= 0) {
     size_t few = bytes / (32 * 1024), many = bytes / (128 * 1024), most = bytes / (512 * 1024);
     nc = most > 64 ? most : many > 64 ? 64 : many > 32 ? many : few < 32 ? few : 32;
-    /* LL: a block moves ~11 GB/s of payload (half of each line is flags), so an LL operation
-     * spreads from 8 KB a channel; up to GCOMM_DEV_SMALL_WORKS of them, which one small launch
-     * carries (16 or 32 LL channels, a large launch, made 128 KB slower: docs/PERF.md) */
+    /* LL: a block moves ~20 GB/s of payload (half of each line is flags), so an LL operation
+     * spreads from 4 KB a channel (faster than 8 or 16 KB from 32 KB to 256 KB: docs/PERF.md), up
+     * to the works of one medium launch, 1 block an SM (a small launch's where ranks sharing the
+     * GPU leave no room for it) */
     if (proto == gcommProtoLL) {
-      /* a Send/Recv takes half: the usual group of one send and one receive fits one small launch
-       */
-      size_t cap = isP2p ? GCOMM_DEV_SMALL_WORKS / 2 : GCOMM_DEV_SMALL_WORKS;
-      nc = bytes / (8 * 1024) < cap ? bytes / (8 * 1024) : cap;
+      /* a Send/Recv takes half: the usual group of one send and one receive fits one launch */
+      size_t most = comm->mediumKernel ? GCOMM_DEV_MEDIUM_WORKS : GCOMM_DEV_SMALL_WORKS;
+      size_t cap = isP2p ? most / 2 : most;
+      nc = bytes / (4 * 1024) < cap ? bytes / (4 * 1024) : cap;
     }
   }
 #else
