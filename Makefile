@@ -46,8 +46,10 @@ ifeq ($(CUDA),1)
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 CUDA_ARCH ?= 90
+# --split-compile=0: the kernels' device code optimized on every core (one file's dozens of
+# instantiations take minutes on one); docs/PERF.md's GPU numbers were measured built this way
 NVCCFLAGS += -O3 -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Werror all-warnings \
-             $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -I.
+             --split-compile=0 $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -I.
 CFLAGS    += -DGCOMM_CUDA -I$(CUDA_HOME)/include
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
 LIB_SRC   += $(GPU_SRC) gcomm_gpu_shared.c
