@@ -347,18 +347,21 @@ int gcommWorkAdvance(gcommComm_t comm, gcommWork_t* w, gcommResult_t* res) {
   int ran = 0;
   if (w->step == 0) noteCurrent(comm, w);
   while (w->step < w->nSteps && ran < GCOMM_STEPS) {
-    gcommStep_t st;
     int isRecv = 0;
-    gcommSchedGetStep(&w->sched, w->step, &st);
+    if (w->stepHeld != w->step + 1) {
+      gcommSchedGetStep(&w->sched, w->step, &w->held);
+      w->stepHeld = w->step + 1;
+    }
+    const gcommStep_t* st = &w->held;
     if (GCOMM_PROF_ON(comm, gcommProfileProxyOp | gcommProfileProxyStep))
-      gcommProfStepBegin(comm, w, &st);
-    int peer = stepBlockedOn(comm, w, &st, &isRecv);
+      gcommProfStepBegin(comm, w, st);
+    int peer = stepBlockedOn(comm, w, st, &isRecv);
     if (peer >= 0) {
       if (w->profStep != NULL && w->waitSinceNs == 0) gcommProfStepWait(comm, w, peer, isRecv);
       *res = workBlocked(comm, w, peer, isRecv);
       return *res == gcommSuccess ? ran : -1;
     }
-    *res = runStep(comm, w, &st);
+    *res = runStep(comm, w, st);
     if (*res != gcommSuccess) return -1;
     w->waitSinceNs = 0;
     w->step++;

@@ -236,6 +236,10 @@ typedef struct gcommWork {
   int queue, lane;
   gcommSched_t sched;
   long step, nSteps;
+  /* step stepHeld - 1 as gcommSchedGetStep gave it (0: none yet): a step that waits is polled
+   * again and again, and its FIFOs' readiness is all that changes */
+  gcommStep_t held;
+  long stepHeld;
   /* when the current step's wait was first timed (gcommWorkAdvance), 1 while it waits untimed
    * yet, 0 when moving */
   uint64_t waitSinceNs;
