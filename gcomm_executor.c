@@ -11,6 +11,41 @@
 
 #include "gcomm_core.h"
 
+/* Whether the slot of c's step has arrived: its line's flag (a FIFO between the ranks of a node,
+ * gcommLine_t) or the tail says so. */
+static int slotArrived(const gcommConn_t* c) {
+  if (c->lines != NULL)
+    return __atomic_load_n(&c->lines[c->step % GCOMM_STEPS].flag, __ATOMIC_ACQUIRE) == c->step + 1;
+  return __atomic_load_n(&c->fifo->tail, __ATOMIC_ACQUIRE) > c->step;
+}
+
+/* Where the payload of c's step lies: in its line when it fits there, else in its slot. */
+static char* slotData(gcommConn_t* c, size_t bytes) {
+  if (c->lines != NULL && bytes <= GCOMM_LINE_PAYLOAD) return c->lines[c->step % GCOMM_STEPS].data;
+  return c->slots + (c->step % GCOMM_STEPS) * c->slotBytes;
+}
+
+static uint64_t slotWord(const gcommConn_t* c) {
+  return c->lines != NULL ? c->lines[c->step % GCOMM_STEPS].word
+                          : c->fifo->bytes[c->step % GCOMM_STEPS];
+}
+
+/* Hands the filled slot of c's step over: its word, then the flag of its line (the tail follows
+ * for dumps only) or the tail. */
+static void slotPublish(gcommConn_t* c, uint64_t word) {
+  uint64_t next = c->step + 1;
+  if (c->lines != NULL) {
+    gcommLine_t* line = &c->lines[c->step % GCOMM_STEPS];
+    line->word = word;
+    __atomic_store_n(&line->flag, next, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->fifo->tail, next, __ATOMIC_RELAXED);
+  } else {
+    c->fifo->bytes[c->step % GCOMM_STEPS] = word;
+    __atomic_store_n(&c->fifo->tail, next, __ATOMIC_RELEASE);
+  }
+  c->step = next;
+}
+
 /* A step is ready when every FIFO it reads holds a slot, every FIFO it writes has room, and no
  * network send still reads the memory it writes (a send by reference: the next steps of an
  * in-place operation rewrite its input). Returns the peer it waits on (and whether for a
@@ -21,7 +56,7 @@ static int stepBlockedOn(gcommComm_t comm, const gcommWork_t* w, const gcommStep
   for (int i = 0; i < 2; i++) {
     if (st->recvPeer[i] < 0) continue;
     gcommConn_t* c = recvConn(comm, lane, st->recvPeer[i]);
-    if (__atomic_load_n(&c->fifo->tail, __ATOMIC_ACQUIRE) <= c->step) {
+    if (!slotArrived(c)) {
       *isRecv = 1;
       return st->recvPeer[i];
     }
@@ -89,10 +124,6 @@ void gcommDescribeMismatch(char* buf, size_t len, uint64_t got, uint64_t expecte
     snprintf(buf, len, "its count differs from this rank's");
 }
 
-static char* slotOf(gcommConn_t* c) {
-  return c->slots + (c->step % GCOMM_STEPS) * c->slotBytes;
-}
-
 /* Whether a step multiplies its local operand by the PreMulSum scalar: it reads the caller's input
  * (never an earlier partial result in the output) and uses it (a plain receive does not). */
 static int stepScalesInput(const gcommOp_t* op, const gcommStep_t* st, int nIn) {
@@ -142,7 +173,7 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
     if (st->recvPeer[i] >= 0) {
       int peer = st->recvPeer[i];
       gcommConn_t* c = recvConn(comm, w->lane, peer);
-      uint64_t got = c->fifo->bytes[c->step % GCOMM_STEPS], want = GCOMM_SLOT_WORD(op->tag, bytes);
+      uint64_t got = slotWord(c), want = GCOMM_SLOT_WORD(op->tag, bytes);
       if (got != want) {
         char what[256];
         gcommDescribeMismatch(what, sizeof(what), got, want);
@@ -154,11 +185,11 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
                              w->lane, w->step, peer, what);
       }
       char* landed = c->landed ? c->landed[c->step % GCOMM_STEPS] : NULL;
-      in[nIn++] = landed ? landed : slotOf(c);
+      in[nIn++] = landed ? landed : slotData(c, bytes);
     }
     if (st->sendPeer[i] >= 0) {
       outConn[nOut] = sendConn(comm, w->lane, st->sendPeer[i]);
-      out[nOut] = slotOf(outConn[nOut]);
+      out[nOut] = slotData(outConn[nOut], bytes);
       nOut++;
     }
   }
@@ -177,12 +208,11 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
       gcommConn_t* c = sendConn(comm, w->lane, st->sendPeer[i]);
       /* the payload size and the call's tag (across nodes the tag travels as the message's
        * completion data, transports/net_ofi.c) */
-      c->fifo->bytes[c->step % GCOMM_STEPS] = GCOMM_SLOT_WORD(op->tag, bytes);
       if (c->refs) {
         c->refs[c->step % GCOMM_STEPS] = user;
         if (user) c->refUntil = c->step + 1;
       }
-      __atomic_store_n(&c->fifo->tail, ++c->step, __ATOMIC_RELEASE);
+      slotPublish(c, GCOMM_SLOT_WORD(op->tag, bytes));
     }
     if (st->recvPeer[i] >= 0) {
       gcommConn_t* c = recvConn(comm, w->lane, st->recvPeer[i]);
@@ -317,18 +347,21 @@ int gcommWorkAdvance(gcommComm_t comm, gcommWork_t* w, gcommResult_t* res) {
   int ran = 0;
   if (w->step == 0) noteCurrent(comm, w);
   while (w->step < w->nSteps && ran < GCOMM_STEPS) {
-    gcommStep_t st;
     int isRecv = 0;
-    gcommSchedGetStep(&w->sched, w->step, &st);
+    if (w->stepHeld != w->step + 1) {
+      gcommSchedGetStep(&w->sched, w->step, &w->held);
+      w->stepHeld = w->step + 1;
+    }
+    const gcommStep_t* st = &w->held;
     if (GCOMM_PROF_ON(comm, gcommProfileProxyOp | gcommProfileProxyStep))
-      gcommProfStepBegin(comm, w, &st);
-    int peer = stepBlockedOn(comm, w, &st, &isRecv);
+      gcommProfStepBegin(comm, w, st);
+    int peer = stepBlockedOn(comm, w, st, &isRecv);
     if (peer >= 0) {
       if (w->profStep != NULL && w->waitSinceNs == 0) gcommProfStepWait(comm, w, peer, isRecv);
       *res = workBlocked(comm, w, peer, isRecv);
       return *res == gcommSuccess ? ran : -1;
     }
-    *res = runStep(comm, w, &st);
+    *res = runStep(comm, w, st);
     if (*res != gcommSuccess) return -1;
     w->waitSinceNs = 0;
     w->step++;

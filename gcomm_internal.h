@@ -170,6 +170,18 @@ typedef struct {
                                            between ranks of a node, the sender's call tag */
 } gcommFifo_t;
 
+/* A slot's line between the ranks of a node (transports/shm.c), low-latency style: the slot's
+ * word and, when the payload fits, the payload itself, then the flag (the sender's step + 1),
+ * written last with release. The receiver polls this one line, which the sender filled with one
+ * hand-off of one cache line, instead of the tail, the word and the slot (three lines; the tail
+ * still advances, for dumps). Larger payloads stay in the slot; the line carries their word. */
+#define GCOMM_LINE_PAYLOAD 48
+typedef struct {
+  char data[GCOMM_LINE_PAYLOAD];
+  volatile uint64_t word;
+  volatile uint64_t flag;
+} __attribute__((aligned(64))) gcommLine_t;
+
 /* The bytes of one FIFO in host memory: its counters, then its GCOMM_STEPS slots, page-rounded
  * (shm segments, the network's FIFOs, a GPU's network FIFOs staged in pinned memory). */
 static inline size_t gcommFifoBytes(size_t slotBytes) {
@@ -189,6 +201,9 @@ typedef struct {
   uint64_t roomUntil;
   size_t slotBytes;
   int peer;
+  /* A FIFO between the ranks of a node: its GCOMM_STEPS slot lines (gcommLine_t), which the host
+   * executor fills and polls in place of the tail and the words. NULL elsewhere. */
+  gcommLine_t* lines;
   /* A network send FIFO whose provider sends from any memory (transports/net_ofi.c): the host
    * executor may hand a slot over as a pointer into the caller's buffer (refs[slot]) instead of
    * copying the data into it; refUntil: the step after the last slot so handed over. NULL
@@ -221,6 +236,10 @@ typedef struct gcommWork {
   int queue, lane;
   gcommSched_t sched;
   long step, nSteps;
+  /* step stepHeld - 1 as gcommSchedGetStep gave it (0: none yet): a step that waits is polled
+   * again and again, and its FIFOs' readiness is all that changes */
+  gcommStep_t held;
+  long stepHeld;
   /* when the current step's wait was first timed (gcommWorkAdvance), 1 while it waits untimed
    * yet, 0 when moving */
   uint64_t waitSinceNs;

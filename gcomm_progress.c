@@ -361,9 +361,12 @@ int gcommProgressPass(gcommComm_t comm) {
       return 1;
     }
   }
-  /* work that waits (on a peer the revoke stopped, maybe) looks for a revoke: the next pass stops
-   */
-  if (!moved && comm->nActiveWorks > 0 && gcommRevokeSeen(comm)) return 1;
+  /* work that waits (on a peer the revoke stopped, maybe) looks for a revoke, every
+   * GCOMM_UNTIMED_POLLS passes (a load a rank of the node, which a spinning wait need not pay
+   * each poll): the next pass stops */
+  if (!moved && comm->nActiveWorks > 0 && comm->passes % GCOMM_UNTIMED_POLLS == 0 &&
+      gcommRevokeSeen(comm))
+    return 1;
   return moved;
 }
 
@@ -627,7 +630,10 @@ static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int d
   uint64_t deadline = 0, idleSince = 0;
   int spins = 0;
   while (!gcommAllDone(comm, target)) {
-    if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) || gcommRevokeSeen(comm))
+    /* the node's revoke words (a load a rank) at the first poll and once spinning is over: a
+     * spinning poll's cost is the wait's reaction time */
+    if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) ||
+        ((spins == 0 || spins >= GCOMM_UNTIMED_POLLS) && gcommRevokeSeen(comm)))
       return gcommFinalResult(comm, "gcommWait");
     int ran = poll || (drive && pthread_mutex_trylock(&comm->progressLock) == 0), mayNap = 1;
     if (ran) {

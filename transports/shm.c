@@ -2,13 +2,14 @@
  * transports/shm.c - connections between the processes of one node through POSIX shared memory.
  *
  * Each rank owns one segment holding the FIFOs that it receives on: one per local sender (itself
- * included, for self sends) and lane. Senders map the receiver's segment and write into it. The
- * segment's pages are all reserved at creation (posix_fallocate), so that a /dev/shm too small
- * for them is an error at init, not a SIGBUS in the middle of a collective. Names are unlinked as
- * soon as every rank has mapped them: the memory then lives exactly as long as the processes that
- * map it, even after a crash. The segment's last page holds the rank's gcommStatus_t (its error,
- * its current collectives). A caller may reserve an area before it (gcommShmArea): a GPU
- * communicator's FIFO region when it is staged through host memory (transports/p2p.c).
+ * included, for self sends) and lane, then those FIFOs' slot lines (gcommLine_t: what the receiver
+ * polls). Senders map the receiver's segment and write into it. The segment's pages are all
+ * reserved at creation (posix_fallocate), so that a /dev/shm too small for them is an error at
+ * init, not a SIGBUS in the middle of a collective. Names are unlinked as soon as every rank has
+ * mapped them: the memory then lives exactly as long as the processes that map it, even after a
+ * crash. The segment's last page holds the rank's gcommStatus_t (its error, its current
+ * collectives). A caller may reserve an area before it (gcommShmArea): a GPU communicator's FIFO
+ * region when it is staged through host memory (transports/p2p.c).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -28,6 +29,7 @@ struct gcommShm {
   void** maps;     /* [rank]: that local rank's segment, NULL for remote ranks */
   size_t segBytes; /* every rank's segment has the same layout and size */
   size_t fifoBytes;
+  size_t linesOff;           /* the FIFOs' slot lines, GCOMM_STEPS a FIFO, in the FIFOs' order */
   size_t areaOff, areaBytes; /* the caller's area (gcommShmCreate's areaBytes), 0 bytes: none */
   int unlinked;
   char name[64]; /* this rank's segment */
@@ -36,9 +38,17 @@ struct gcommShm {
 #define STATUS_BYTES 8192 /* the segment's last two pages: gcommStatus_t */
 _Static_assert(sizeof(gcommStatus_t) <= STATUS_BYTES, "gcommStatus_t fits its pages");
 
+static size_t pageRound(size_t bytes) {
+  return (bytes + 4095) & ~(size_t)4095;
+}
+
+static size_t linesBytes(int nLanes, int nLocal) {
+  return pageRound(sizeof(gcommLine_t) * GCOMM_STEPS * (size_t)nLanes * (size_t)nLocal);
+}
+
 size_t gcommShmSegmentBytes(size_t slotBytes, int nLanes, int nLocal, size_t areaBytes) {
-  return gcommFifoBytes(slotBytes) * nLanes * nLocal + ((areaBytes + 4095) & ~(size_t)4095) +
-         STATUS_BYTES;
+  return gcommFifoBytes(slotBytes) * nLanes * nLocal + linesBytes(nLanes, nLocal) +
+         pageRound(areaBytes) + STATUS_BYTES;
 }
 
 /* Why a segment could not be reserved, with what it takes: every local rank reserves one. */
@@ -97,8 +107,9 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaByt
   shm->maps = calloc(comm->nranks, sizeof(void*));
   if (shm->maps == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   shm->fifoBytes = gcommFifoBytes(comm->slotBytes);
-  shm->areaOff = shm->fifoBytes * comm->nLanes * comm->nLocal; /* page-aligned: so is fifoBytes */
-  shm->areaBytes = (areaBytes + 4095) & ~(size_t)4095;
+  shm->linesOff = shm->fifoBytes * comm->nLanes * comm->nLocal; /* page-aligned: so is fifoBytes */
+  shm->areaOff = shm->linesOff + linesBytes(comm->nLanes, comm->nLocal);
+  shm->areaBytes = pageRound(areaBytes);
   shm->segBytes = gcommShmSegmentBytes(comm->slotBytes, comm->nLanes, comm->nLocal, areaBytes);
   /* pid, pid namespace, a counter, the rank and the clock: a segment left by a dead process that
    * had this pid (killed between create and unlink; pids wrap) cannot collide with this one (CI
@@ -148,8 +159,10 @@ static gcommConn_t makeConn(struct gcommShm* shm, void* seg, int senderIdx, int 
                             size_t slotBytes, int peer) {
   gcommConn_t c;
   memset(&c, 0, sizeof(c)); /* fields for other transports (refs) stay empty */
-  char* base = (char*)seg + ((size_t)senderIdx * nLanes + lane) * shm->fifoBytes;
+  size_t fifoIdx = (size_t)senderIdx * nLanes + lane;
+  char* base = (char*)seg + fifoIdx * shm->fifoBytes;
   c.fifo = (gcommFifo_t*)base;
+  c.lines = (gcommLine_t*)((char*)seg + shm->linesOff) + fifoIdx * GCOMM_STEPS;
   c.slots = base + sizeof(gcommFifo_t);
   c.step = 0;
   c.slotBytes = slotBytes;
