@@ -292,8 +292,14 @@ static __device__ __forceinline__ void llWrite(uint4* p, uint64_t data, uint32_t
  * each line before loading the next moves 8 bytes per load latency (a block of 512 threads ~11
  * GB/s of payload on an H200); loading LL_UNROLL lines (and their local operands) before looking
  * at any overlaps those latencies. A small launch's operations are a line or a few a thread, and
- * load one at a time: 4 cost them ~1 us (2 H100, 8 B all-reduce 5.9 us against 4.9). */
+ * load one at a time: 4 cost them ~1 us (2 H100, 8 B all-reduce 5.9 us against 4.9). HIP: one
+ * everywhere, until measured on AMD GPUs (and each instantiation of the unrolled loop is several
+ * minutes more of hipcc). */
+#ifdef GCOMM_HIP
+#define LL_UNROLL 1
+#else
 #define LL_UNROLL 4
+#endif
 
 /* One LL step: each thread takes whole lines (8 bytes: 8 / sizeof(T) elements), LINES at a
  * time, blockDim.x lines apart. Inlined, with the dispatch that leads here: a call's register
