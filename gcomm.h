@@ -132,7 +132,8 @@ gcommResult_t gcommCommDevice(const gcommComm_t comm, int* device);
  * == recvbuff for AllReduce, Broadcast, Reduce; recvbuff == sendbuff + rank*recvcount for
  * ReduceScatter and Scatter; sendbuff == recvbuff + rank*sendcount for AllGather and Gather;
  * sendbuff == recvbuff for AllToAll (as MPI_IN_PLACE: block j of the buffer goes to rank j, and
- * block r is replaced by what rank r sent). Any other overlap is rejected. */
+ * block r is replaced by what rank r sent; as with MPI_IN_PLACE, every rank in place or none: a
+ * GPU communicator moves the two forms differently). Any other overlap is rejected. */
 gcommResult_t gcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                              gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,
                              gcommStream_t stream);

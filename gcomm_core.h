@@ -182,10 +182,16 @@ int gcommRefOverlaps(gcommComm_t comm, int lane, const char* p, size_t len, int 
 int gcommRefOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t len);
 int gcommWorkMayStart(gcommComm_t comm, gcommWork_t* w);
 
+/* ---- gcomm_vcoll.c ---- */
+/* An AllToAll whose arguments were checked, enqueued as AllToAllV's parts (equal blocks). */
+gcommResult_t gcommAllToAllParts(gcommComm_t comm, const gcommOp_t* args, gcommStream_t stream,
+                                 const char* where);
+
 /* ---- gcomm_tuning.c ---- */
 int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes);
 int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto);
 int gcommChooseProto(gcommComm_t comm, int func, int algo, size_t bytes);
+int gcommAllToAllByParts(gcommComm_t comm, const gcommOp_t* args);
 void gcommTuningPrint(gcommComm_t comm);
 
 /* ---- gcomm_bootstrap.c ---- */

@@ -39,9 +39,7 @@ static int costTerms(int func, int algo, int n, double* hops, double* data) {
       break;
     case gcommFuncSend:
     case gcommFuncRecv:
-      /* a send and the receive of the usual exchange share the point-to-point channels (GPU LL
-       * send/recv 512 KB-2 MB on 2 H100s: the rate half the collectives') */
-      *hops = 1, *data = 2;
+      *hops = 1, *data = 1; /* the send and the receive run in blocks of their own, at once */
       break;
     default:
       *hops = 1, *data = 2.0 * (n - 1) / n;
@@ -57,22 +55,26 @@ static double predictUs(int func, int algo, int n, double bytes) {
 }
 
 #ifdef GCOMM_GPU
-/* GPU communicators, per protocol, fitted to GCOMM_PROTO-forced sweeps on 2 H200s over NVLink
- * (docs/PERF.md): the cost of one FIFO hop (launch included), what one block (a channel) moves
- * per microsecond, and the link's cap. LL saves ~3 us a hop (its launches run the LL-only kernel,
- * and a line needs no fence) but moves data at ~3/4 of Simple's rate (half of every line is
- * flags), so it pays up to ~1-2 MB on 2 GPUs, spread over up to 32 channels. */
+/* GPU communicators, per protocol, fitted to GCOMM_PROTO-forced sweeps on 2 H200s and 2 H100s
+ * over NVLink (docs/PERF.md): the cost of one FIFO hop (launch included), what one block (a
+ * channel) moves per microsecond in a collective and in a send or a receive, and the link's cap.
+ * LL saves ~3 us a hop (its launches run the LL-only kernel, and a line needs no fence) but moves
+ * data at ~3/4 of Simple's rate (half of every line is flags), so it pays up to ~1-2 MB on 2 GPUs,
+ * spread over up to 32 channels. An LL send or receive block moves less than a collective's
+ * (send/recv and all-to-all on 2 H100s: LL ahead at 512 KB a peer, 11.1 us against Simple's 12.8,
+ * behind at 1 MB, 15.2 against 13.9). */
 static const struct {
-  double hopUs, blockBytesPerUs, linkBytesPerUs;
+  double hopUs, blockBytesPerUs, p2pBlockBytesPerUs, linkBytesPerUs;
 } gpuCost[gcommNumProtos] = {
-    {5.9, 20000, 340000}, /* Simple: payload, one release per post */
-    {2.7, 20000, 260000}, /* LL: flags in the data */
+    {5.9, 20000, 20000, 340000}, /* Simple: payload, one release per post */
+    {2.7, 20000, 8500, 260000},  /* LL: flags in the data */
 };
 
 static double predictGpuUs(int func, int algo, int proto, int n, double bytes, int nch) {
   double hops, data;
   if (!costTerms(func, algo, n, &hops, &data)) return -1;
-  double bw = nch * gpuCost[proto].blockBytesPerUs;
+  double bw = nch * (gcommIsPointToPoint(func) ? gpuCost[proto].p2pBlockBytesPerUs
+                                               : gpuCost[proto].blockBytesPerUs);
   if (bw > gpuCost[proto].linkBytesPerUs) bw = gpuCost[proto].linkBytesPerUs;
   return hops * gpuCost[proto].hopUs + bytes * data / bw;
 }
@@ -120,6 +122,24 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
       best = a, bestUs = us;
   }
   return best;
+}
+
+/* Whether an AllToAll moves as point-to-point parts (gcommAllToAllParts: a send and a receive a
+ * peer and the copy of the rank's own block, each in blocks of its own, all at once) instead of its
+ * schedule, whose channels send, copy and receive one after another. On GPUs whose kernels move
+ * every FIFO (2 H100, nccl-tests with graphs: 64 B 4.1 us against 6.2, 2 MB 13.9 against 18.7,
+ * docs/PERF.md); the host's copy loops gain nothing from it (16 ranks on 32 cores: level or
+ * behind). Out of place only: in place the schedule's sends come first in each channel, so a
+ * block is read before the peer's lands on it; in place must then be every rank's choice or none,
+ * as MPI_IN_PLACE is (gcomm.h). */
+int gcommAllToAllByParts(gcommComm_t comm, const gcommOp_t* args) {
+#ifdef GCOMM_GPU
+  return args->func == gcommFuncAllToAll && args->sendbuff != args->recvbuff && comm->device >= 0 &&
+         comm->nranks > 1 && !hasGpuProxy(comm) && !comm->sharedCopy;
+#else
+  (void)comm, (void)args;
+  return 0;
+#endif
 }
 
 /* Channels pay off once each gets a few slots of data: one per perChannel bytes, at most the

@@ -1,5 +1,6 @@
 /*
- * gcomm_vcoll.c - the vector collectives: AllGatherV, AllToAllV, GatherV, ScatterV.
+ * gcomm_vcoll.c - the vector collectives: AllGatherV, AllToAllV, GatherV, ScatterV; and AllToAll
+ * where it moves as AllToAllV's parts (gcommAllToAllByParts).
  *
  * Every rank's block has its own size, so the fixed-chunk schedules of gcomm_sched.h (which both
  * executors, host and GPU, compute from one count) do not fit. A vector collective is the direct
@@ -106,6 +107,20 @@ static gcommResult_t vBlocks(VCall* v, const char* countsName, const size_t* cou
   return gcommSuccess;
 }
 
+/* An all-to-all's parts: the rank's own block copied, then a send to and a receive from each peer,
+ * starting with the next rank (the pairs spread out). */
+static void vExchange(VCall* v, const void* sendbuff, const size_t* sendcounts,
+                      const size_t* sdispls, void* recvbuff, const size_t* recvcounts,
+                      const size_t* rdispls) {
+  int n = v->comm->nranks, r = v->comm->rank;
+  vCopy(v, vAt(sendbuff, sdispls[r], v->esz), vAt(recvbuff, rdispls[r], v->esz), sendcounts[r]);
+  for (int i = 1; i < n; i++) {
+    int p = (r + i) % n;
+    vPart(v, gcommFuncSend, vAt(sendbuff, sdispls[p], v->esz), sendcounts[p], p);
+    vPart(v, gcommFuncRecv, vAt(recvbuff, rdispls[p], v->esz), recvcounts[p], p);
+  }
+}
+
 /* Buffers that meet outside the in-place layout are rejected, as for the other collectives. */
 static gcommResult_t vNoOverlap(VCall* v, const void* in, size_t inBytes, const void* out,
                                 size_t outBytes) {
@@ -158,7 +173,7 @@ gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, con
   VCall v;
   size_t inBytes, outBytes;
   GCOMM_CHECK(vBegin(&v, comm, datatype, 0, 0, stream, __func__));
-  int n = comm->nranks, r = comm->rank;
+  int r = comm->rank;
   gcommResult_t res = vBlocks(&v, "sendcounts", sendcounts, "sdispls", sdispls, &inBytes);
   if (res == gcommSuccess)
     res = vBlocks(&v, "recvcounts", recvcounts, "rdispls", rdispls, &outBytes);
@@ -167,14 +182,23 @@ gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, con
     res = V_BAD(&v, "sendcounts[%d] = %zu and recvcounts[%d] = %zu differ (this rank's own block)",
                 r, sendcounts[r], r, recvcounts[r]);
   if (res != gcommSuccess) return vEnd(&v, res);
-  vCopy(&v, vAt(sendbuff, sdispls[r], v.esz), vAt(recvbuff, rdispls[r], v.esz), sendcounts[r]);
-  for (int i = 1; i < n; i++) {
-    int p = (r + i) % n;
-    vPart(&v, gcommFuncSend, vAt(sendbuff, sdispls[p], v.esz), sendcounts[p], p);
-    vPart(&v, gcommFuncRecv, vAt(recvbuff, rdispls[p], v.esz), recvcounts[p], p);
-  }
+  vExchange(&v, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls);
   return vEnd(&v,
               gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncAllToAllV, 0, stream, __func__));
+}
+
+gcommResult_t gcommAllToAllParts(gcommComm_t comm, const gcommOp_t* args, gcommStream_t stream,
+                                 const char* where) {
+  VCall v;
+  GCOMM_CHECK(vBegin(&v, comm, args->datatype, 0, 0, stream, where));
+  int n = comm->nranks;
+  size_t* blocks = malloc(2 * (size_t)n * sizeof(size_t)); /* counts, then displacements */
+  if (blocks == NULL)
+    return vEnd(&v, gcommSetError(comm, gcommSystemError, -1, where, "out of memory"));
+  for (int p = 0; p < n; p++) blocks[p] = args->count, blocks[n + p] = p * args->count;
+  vExchange(&v, args->sendbuff, blocks, blocks + n, args->recvbuff, blocks, blocks + n);
+  free(blocks);
+  return vEnd(&v, gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncAllToAll, 0, stream, where));
 }
 
 /* Root's side of GatherV (gather) or ScatterV: its own block `own` (ownCount elements: GatherV's
