@@ -250,6 +250,8 @@ gcommResult_t gcommReduceScatter(const void* sendbuff, void* recvbuff, size_t re
 gcommResult_t gcommAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                             gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
   gcommOp_t a = OP_ARGS(gcommFuncAllToAll, sendbuff, recvbuff, count, datatype, 0, 0, -1);
+  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, __func__));
+  if (gcommAllToAllByParts(comm, &a)) return gcommAllToAllParts(comm, &a, stream, __func__);
   return gcommEnqueue(comm, &a, stream, __func__);
 }
 gcommResult_t gcommGather(const void* sendbuff, void* recvbuff, size_t sendcount,

@@ -183,8 +183,9 @@ int gcommRefOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t 
 int gcommWorkMayStart(gcommComm_t comm, gcommWork_t* w);
 
 /* ---- gcomm_vcoll.c ---- */
-/* An AllToAll whose arguments were checked, enqueued as AllToAllV's parts (equal blocks). */
-gcommResult_t gcommAllToAllParts(gcommComm_t comm, const gcommOp_t* args, gcommStream_t stream,
+/* An AllToAll (of a communicator that passed gcommEnqueueCheck), its arguments checked as an
+ * AllToAll's, enqueued as AllToAllV's parts (equal blocks). */
+gcommResult_t gcommAllToAllParts(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                                  const char* where);
 
 /* ---- gcomm_tuning.c ---- */

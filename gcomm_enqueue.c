@@ -160,7 +160,6 @@ gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stre
                            const char* where) {
   GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
   GCOMM_CHECK(gcommCheckArgs(comm, args, where));
-  if (gcommAllToAllByParts(comm, args)) return gcommAllToAllParts(comm, args, stream, where);
   gcommOp_t* op = buildOp(comm, args, 0);
   if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
   traceOp(comm, op);

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gcomm_internal.h"
+#include "gcomm_core.h"
 
 /* One call's parts as it is built. */
 typedef struct {
@@ -187,9 +187,10 @@ gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, con
               gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncAllToAllV, 0, stream, __func__));
 }
 
-gcommResult_t gcommAllToAllParts(gcommComm_t comm, const gcommOp_t* args, gcommStream_t stream,
+gcommResult_t gcommAllToAllParts(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                                  const char* where) {
   VCall v;
+  GCOMM_CHECK(gcommCheckArgs(comm, args, where));
   GCOMM_CHECK(vBegin(&v, comm, args->datatype, 0, 0, stream, where));
   int n = comm->nranks;
   size_t* blocks = malloc(2 * (size_t)n * sizeof(size_t)); /* counts, then displacements */
