@@ -190,8 +190,8 @@ gcommResult_t gcommAllToAllParts(gcommComm_t comm, gcommOp_t* args, gcommStream_
 
 /* ---- gcomm_tuning.c ---- */
 int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes);
-int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto);
-int gcommChooseProto(gcommComm_t comm, int func, int algo, size_t bytes);
+int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto, int nParts);
+int gcommChooseProto(gcommComm_t comm, int func, int algo, size_t bytes, int nParts);
 int gcommAllToAllByParts(gcommComm_t comm, const gcommOp_t* args);
 void gcommTuningPrint(gcommComm_t comm);
 

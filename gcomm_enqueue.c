@@ -14,41 +14,32 @@ static __thread int groupDepth;
 static __thread gcommComm_t groupComms; /* communicators with operations held by the group */
 
 /* The algorithm, protocol and channel count of a call of func moving bytes (the size every rank
- * agrees on): the cost model's, remembered for the next call of func with the same size. */
-static void choose(gcommComm_t comm, int func, size_t bytes, int* algo, int* proto, int* nch) {
+ * agrees on; nParts: the parts of its call, gcommChooseChannels): the cost model's, remembered for
+ * the next call of func with the same size and parts. */
+static void choose(gcommComm_t comm, int func, size_t bytes, int nParts, int* algo, int* proto,
+                   int* nch) {
   __typeof__(comm->choice[0])* c = &comm->choice[func];
-  if (c->bytesKey != bytes + 1) {
+  if (c->bytesKey != bytes + 1 || c->nParts != nParts) {
     c->algo = gcommIsPointToPoint(func) ? gcommAlgoDirect : gcommChooseAlgo(comm, func, bytes);
-    c->proto = gcommChooseProto(comm, func, c->algo, bytes);
-    c->nChannels = gcommChooseChannels(comm, func, bytes, c->proto);
+    c->proto = gcommChooseProto(comm, func, c->algo, bytes, nParts);
+    c->nChannels = gcommChooseChannels(comm, func, bytes, c->proto, nParts);
     c->bytesKey = bytes + 1;
+    c->nParts = nParts;
   }
   *algo = c->algo, *proto = c->proto, *nch = c->nChannels;
 }
 
 /* Splits a checked operation into its works: one per channel, each a contiguous slice
  * (chanOff, chanCount). Collectives use the collective channels; a Send/Recv uses the
- * point-to-point channels, as many as its byte count gives (the same on both sides). On a GPU, a
- * part of a call of nParts parts (not 0) takes its share of one launch: of the blocks the rank
- * may run, or with LL of a medium launch (1 block an SM, its parameters and launch half the large
- * one's: all-to-all 128 KB with plain launches on 2 H100s, 13.5 us in a large launch). */
+ * point-to-point channels, as many as its byte count gives (the same on both sides); a part of a
+ * call of nParts parts (not 0) its share of the call's launch (gcommChooseChannels). */
 static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int nParts) {
   int n = comm->nranks, isP2p = gcommIsPointToPoint(args->func);
   size_t esz = gcommTypeSize(args->datatype);
   /* the size every rank agrees on (nccl-tests' size), so that all ranks choose alike */
   size_t bytes = args->count * esz * (args->func >= gcommFuncAllGather && !isP2p ? n : 1);
   int algo, proto, nch;
-  choose(comm, args->func, bytes, &algo, &proto, &nch);
-#ifdef GCOMM_GPU
-  if (nParts > 0 && comm->device >= 0) {
-    int launch =
-        proto == gcommProtoLL && comm->mediumKernel ? GCOMM_DEV_MEDIUM_WORKS : comm->blockBudget;
-    int share = launch / nParts > 1 ? launch / nParts : 1;
-    if (nch > share) nch = share;
-  }
-#else
-  (void)nParts;
-#endif
+  choose(comm, args->func, bytes, nParts, &algo, &proto, &nch);
   gcommOp_t* op = gcommOpAlloc(comm, nch);
   if (op == NULL) return NULL;
   int pooled = op->pooled;

@@ -550,10 +550,11 @@ struct gcommComm {
   gcommOp_t* opPool;
   int opPoolSize; /* atomic: records on the stack (at most GCOMM_OP_POOL_MAX) */
   /* The cost model's last choice for each function (owner thread only): a program repeats its
-   * sizes, and the choice depends on nothing else that changes. bytesKey: bytes + 1, 0 none. */
+   * sizes, and the choice depends on nothing else that changes. bytesKey: bytes + 1, 0 none;
+   * nParts: the parts of the call it was for (gcommChooseChannels). */
   struct {
     size_t bytesKey;
-    int algo, proto, nChannels;
+    int nParts, algo, proto, nChannels;
   } choice[gcommNumFuncs];
   uint64_t livenessNs; /* when the engine last probed the local ranks' pids */
   /* why this rank stopped, as gcommPublishStop tells the other ranks (code atomic, 0 until then,

@@ -92,7 +92,7 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
    * rank's (n-1) copies stay small, up to 2 MB of them with Simple, 256 KB with LL (beyond, LL's
    * ring is faster: 512 KB 9.8 us against 10.6, 2 MB 21.9 against 26.2); elsewhere the ring. */
   if (comm->device >= 0) {
-    int ll = gcommChooseProto(comm, func, gcommAlgoRing, bytes) == gcommProtoLL;
+    int ll = gcommChooseProto(comm, func, gcommAlgoRing, bytes, 0) == gcommProtoLL;
     size_t copies = bytes * (size_t)(comm->nranks - 1);
     int small = func == gcommFuncAllReduce && copies <= (ll ? 256u << 10 : 2u << 20);
     return gcommSchedAlgo(func, small ? gcommAlgoDirect : gcommAlgoRing);
@@ -145,8 +145,11 @@ int gcommAllToAllByParts(gcommComm_t comm, const gcommOp_t* args) {
 /* Channels pay off once each gets a few slots of data: one per perChannel bytes, at most the
  * collective channels (or the point-to-point channels for a Send/Recv). For a Send/Recv, bytes is
  * count * type size: sender and receiver derive the same number, so their slices meet on the
- * same lanes. */
-int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto) {
+ * same lanes. A part of a call of nParts parts (gcommEnqueueParts; 0: a call of its own) takes
+ * its share of the call's one launch on a GPU: with LL of a medium launch (1 block an SM, whose
+ * launch costs half the large one's: all-to-all 128 KB with plain launches on 2 H100s, 9.3-10.0
+ * us against 13.5), else of the blocks the rank may run; every rank derives the same share. */
+int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto, int nParts) {
   int isP2p = gcommIsPointToPoint(func);
   size_t maxCh = (size_t)(isP2p ? comm->nP2pChannels : comm->nChannels);
   size_t nc = bytes / (4 * comm->slotBytes);
@@ -167,27 +170,34 @@ int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto) {
       size_t cap = isP2p ? most / 2 : most;
       nc = bytes / (4 * 1024) < cap ? bytes / (4 * 1024) : cap;
     }
+    if (nParts > 0) {
+      int launch =
+          proto == gcommProtoLL && comm->mediumKernel ? GCOMM_DEV_MEDIUM_WORKS : comm->blockBudget;
+      size_t share = launch / nParts > 1 ? (size_t)(launch / nParts) : 1;
+      if (nc > share) nc = share;
+    }
   }
 #else
-  (void)proto;
+  (void)proto, (void)nParts;
 #endif
   return nc < 1 ? 1 : nc > maxCh ? (int)maxCh : (int)nc;
 }
 
-/* Host communicators always use Simple; GPU communicators the faster by the model, except with a
- * proxy (between nodes, copy engines): LL's flags travel in the data, which the proxy moves keyed
- * on a tail LL does not publish (a forced GCOMM_PROTO=ll warned at init). */
-int gcommChooseProto(gcommComm_t comm, int func, int algo, size_t bytes) {
+/* Host communicators always use Simple; GPU communicators the faster by the model (with the
+ * channels each protocol would get: nParts as for gcommChooseChannels), except with a proxy
+ * (between nodes, copy engines): LL's flags travel in the data, which the proxy moves keyed on a
+ * tail LL does not publish (a forced GCOMM_PROTO=ll warned at init). */
+int gcommChooseProto(gcommComm_t comm, int func, int algo, size_t bytes, int nParts) {
   if (comm->device < 0 || spansNodes(comm) || copiesByEngine(comm)) return gcommProtoSimple;
   if (comm->params.proto >= 0) return comm->params.proto;
 #ifdef GCOMM_GPU
   double us[gcommNumProtos];
   for (int p = 0; p < gcommNumProtos; p++)
     us[p] = predictGpuUs(func, algo, p, comm->nranks, (double)bytes,
-                         gcommChooseChannels(comm, func, bytes, p));
+                         gcommChooseChannels(comm, func, bytes, p, nParts));
   if (us[gcommProtoLL] < us[gcommProtoSimple]) return gcommProtoLL;
 #else
-  (void)func, (void)algo, (void)bytes;
+  (void)func, (void)algo, (void)bytes, (void)nParts;
 #endif
   return gcommProtoSimple;
 }
@@ -199,14 +209,14 @@ void gcommTuningPrint(gcommComm_t comm) {
       char line[512];
       int len = 0;
       size_t b = (size_t)bytes;
-      int algo = gcommChooseAlgo(comm, f, b), proto = gcommChooseProto(comm, f, algo, b);
-      int nch = gcommChooseChannels(comm, f, b, proto);
+      int algo = gcommChooseAlgo(comm, f, b), proto = gcommChooseProto(comm, f, algo, b, 0);
+      int nch = gcommChooseChannels(comm, f, b, proto, 0);
       for (int a = 0; a < gcommNumAlgos && len < (int)sizeof(line) - 64; a++) {
 #ifdef GCOMM_GPU
         if (comm->device >= 0) {
           for (int p = 0; p < gcommNumProtos; p++) {
             double us =
-                predictGpuUs(f, a, p, comm->nranks, bytes, gcommChooseChannels(comm, f, b, p));
+                predictGpuUs(f, a, p, comm->nranks, bytes, gcommChooseChannels(comm, f, b, p, 0));
             if (us >= 0)
               len += snprintf(line + len, sizeof(line) - len, " %s/%s %.1f", gcommAlgoNames[a],
                               gcommProtoNames[p], us);
