@@ -116,6 +116,8 @@ typedef struct {
   int64_t gdrSync;       /* GCOMM_GDRCOPY_SYNC_ENABLE */
   int64_t gdrFlush;      /* GCOMM_GDRCOPY_FLUSH_ENABLE */
   const char* gdrLib;    /* GCOMM_GDRCOPY_LIBRARY */
+  int cma;               /* GCOMM_CMA: GCOMM_CMA_OFF, _ON or _AUTO */
+  int64_t cmaMinBytes;   /* GCOMM_CMA_MIN_BYTES */
   const char* hostId;    /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
   int64_t netDisable;       /* GCOMM_NET_DISABLE */
@@ -154,6 +156,9 @@ int gcommParamParse(int i, const char* text, char* out, size_t len);
 #define GCOMM_SHARED_GPU_AUTO 0 /* the indices of GCOMM_SHARED_GPU's choices in gcomm_params.c */
 #define GCOMM_SHARED_GPU_KERNELS 1
 #define GCOMM_SHARED_GPU_COPY 2
+#define GCOMM_CMA_OFF 0 /* the indices of GCOMM_CMA's choices in gcomm_params.c */
+#define GCOMM_CMA_ON 1
+#define GCOMM_CMA_AUTO 2
 #define GCOMM_NET_GDR_OFF 0 /* the indices of GCOMM_NET_GDR's choices in gcomm_params.c */
 #define GCOMM_NET_GDR_ON 1
 #define GCOMM_NET_GDR_AUTO 2
@@ -189,12 +194,19 @@ typedef struct {
   uint64_t roomUntil;
   size_t slotBytes;
   int peer;
-  /* A network send FIFO whose provider sends from any memory (transports/net_ofi.c): the host
-   * executor may hand a slot over as a pointer into the caller's buffer (refs[slot]) instead of
-   * copying the data into it; refUntil: the step after the last slot so handed over. NULL
-   * elsewhere. */
+  /* A send FIFO whose receiver takes data from any memory: a network provider that sends from it
+   * (transports/net_ofi.c), or a rank of this node that reads the sender's memory itself
+   * (transports/shm.c, GCOMM_CMA). The host executor may hand a slot over as a pointer into the
+   * caller's buffer (refs[slot]) instead of copying the data into it; refUntil (atomic): the step
+   * after the last slot so handed over. NULL elsewhere. Between ranks of a node refs lives in the
+   * FIFO's shared header and the receive side has it too: a slot whose reference is set is copied
+   * straight from the memory of process refPid (the sender; 0 over the network), once; the sender
+   * hands over only steps of at least refMinBytes there. */
   const char** refs;
   uint64_t refUntil;
+  size_t refMinBytes;
+  pid_t refPid;
+  uint64_t refBatch[GCOMM_STEPS]; /* sender: the post (gcommOp.batch) of each slot's reference */
   /* A network receive FIFO whose provider receives into any memory (transports/net_ofi.c): where
    * the message of each slot's step was received, when not in the slot: the caller's memory the
    * step writes (gcommNetDirectTarget chose it as the receive was posted), else NULL. NULL
@@ -270,6 +282,10 @@ typedef struct {
   char host[64];
   char shmName[64];
   unsigned char devHandle[64]; /* GPU communicators: cudaIpcMemHandle_t of the FIFO region */
+  /* a word of this process, its value and address, and where this process maps its shm segment:
+   * the ranks of its node read them at setup, to learn whether they may read this process's
+   * memory, and how fast (GCOMM_CMA) */
+  uint64_t cmaWord, cmaAt, shmAt;
 } gcommCard_t;
 
 /* A PreMulSum operator of a communicator (gcommRedOpCreatePreMulSum): handle gcommNumOps + i is
@@ -392,10 +408,11 @@ typedef struct {
   const char* name;
   /* Collective: connects its connections once every rank's card is known; connectWhat names the
    * step in the error every rank gets when one rank fails it. connected runs after every rank has
-   * succeeded (the shm segments' names go away). */
+   * succeeded (collective too: the shm segments' names go away, and the ranks agree on reading
+   * each other's memory). */
   gcommResult_t (*connect)(gcommComm_t comm);
   const char* connectWhat;
-  void (*connected)(gcommComm_t comm);
+  gcommResult_t (*connected)(gcommComm_t comm);
   /* The proxy's share of a progress pass: moves what it can, sets *moved when anything moved. */
   gcommResult_t (*progress)(gcommComm_t comm, int* moved);
   /* Whether data it holds for finished operations is still in flight (withCredits: or what it owes
@@ -464,6 +481,9 @@ struct gcommComm {
   gcommConn_t* sendConns; /* [lane * nranks + peer] */
   gcommConn_t* recvConns;
   struct gcommShm* shm;
+  /* host communicators: steps between ranks of this node may go by reference, the receiver
+   * copying from the sender's memory (transports/shm.c, GCOMM_CMA); every rank alike */
+  int cma;
 #ifdef GCOMM_OFI
   struct gcommNet* net; /* transports/net_ofi.c; NULL when every rank is on one node */
 #endif
@@ -578,6 +598,10 @@ size_t gcommShmSegmentBytes(size_t slotBytes, int nLanes, int nLocal, size_t are
 /* The area reserved in rank's segment, as mapped in this process (after gcommShmConnect for
  * another rank), or NULL: none reserved, rank not on this node or not mapped. */
 void* gcommShmArea(gcommComm_t comm, int rank);
+/* Copies a slot that the sender on c handed over by reference (GCOMM_CMA): bytes at from in its
+ * memory to to, in one copy. gcommSuccess, or the error, naming the peer. */
+gcommResult_t gcommShmReadRef(gcommComm_t comm, const gcommConn_t* c, void* to, const char* from,
+                              size_t bytes);
 /* rank's status in its segment, or NULL when rank is not on this node (or not mapped yet). */
 gcommStatus_t* gcommShmStatus(gcommComm_t comm, int rank);
 void gcommShmFree(gcommComm_t comm);
