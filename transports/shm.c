@@ -320,7 +320,7 @@ static int decideCma(gcommComm_t comm, const int* all, int* refused, int* speed)
 /* Rank 0 says at GCOMM_DEBUG=INFO what the ranks decided about one copy, and why. */
 static void sayCma(gcommComm_t comm, const int* all, int refused, int speed) {
   char fast[160] = "";
-  if (comm->rank != 0 || comm->nLocal < 2) return;
+  if (comm->rank != 0 || comm->nLocal < 2 || comm->device >= 0) return;
   if (speed >= 0)
     snprintf(fast, sizeof(fast),
              "a read of another rank's memory runs at %d%% of a copy's speed (the median rank's; "
