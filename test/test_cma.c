@@ -6,8 +6,9 @@
  * (some steps by reference, some through the slots) and the FIFO forced (GCOMM_CMA=0). Each
  * collective runs on random bytes at odd counts, out of place and in place, into poisoned outputs,
  * against MPI's own collective; a send's buffer is rewritten as soon as its wait returns while the
- * receiver posts late (the wait must cover the peer's copy); a send and a receive of one buffer in
- * a group, and operations that rewrite what an earlier one sent, must not hang.
+ * receiver posts late (the wait must cover the peer's copy), or received into at once (the receive
+ * must wait for that copy); a send and a receive of one buffer in a group, and operations that
+ * rewrite what an earlier one sent, must not hang.
  */
 #define _GNU_SOURCE
 #include <mpi.h>
@@ -131,6 +132,28 @@ static void testSendWaitReuse(size_t count, uint64_t seed) {
            variant, count);
 }
 
+/* Rank 0 sends a buffer to rank 1, which posts its receive late, and at once receives into that
+ * buffer from rank 1, which sent first: the send is over on rank 0 once handed over, so only the
+ * receive's step may hold the write back until rank 1 has copied what was lent (a reference's
+ * extent, the slot's word). Rank 1 must get the original, rank 0 rank 1's data. */
+static void testReceiveIntoLent(size_t count, uint64_t seed) {
+  char *a = randomBytes(count, seed, 0), *sent = randomBytes(count, seed, 0);
+  char *b = randomBytes(count, seed, 1), *out = poisoned(count);
+  if (tlRank == 0) {
+    gcommResult_t res = gcommSend(a, count, gcommUint8, 1, comm, NULL);
+    if (res == gcommSuccess) res = gcommRecv(a, count, gcommUint8, 1, comm, NULL);
+    finish(res, a, b, count);
+  } else if (tlRank == 1) {
+    gcommResult_t res = gcommSend(b, count, gcommUint8, 0, comm, NULL);
+    tlSleepMs(50);
+    if (res == gcommSuccess) res = gcommRecv(out, count, gcommUint8, 0, comm, NULL);
+    finish(res, out, sent, count);
+  }
+  free(a), free(sent), free(b), free(out);
+  tlReport("[%s] send %zu B, receive into it before the late receiver copied it: both get theirs",
+           variant, count);
+}
+
 /* An all-gather into the buffer an earlier all-to-all sent from (another call): it must wait
  * until the peers have copied the all-to-all's blocks, and neither may hang. */
 static void testRewriteSent(size_t count, uint64_t seed) {
@@ -241,6 +264,7 @@ int main(int argc, char** argv) {
       testAllToAllV(k, seed + 6);
     }
     if (tlNranks >= 2) testSendWaitReuse(70001, seed);
+    if (tlNranks >= 2) testReceiveIntoLent(70001, seed + 2);
     testRewriteSent(5003, seed + 1);
     tlCommDestroy(comm);
     tlReport("[%s] destroy", variant);
