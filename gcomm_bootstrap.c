@@ -365,7 +365,7 @@ static gcommResult_t connectTransports(gcommComm_t comm) {
     if (t->connect == NULL) continue;
     if (res == gcommSuccess) res = t->connect(comm);
     GCOMM_CHECK(agreeOnResult(comm, res, t->connectWhat));
-    if (t->connected) t->connected(comm);
+    if (t->connected) GCOMM_CHECK(t->connected(comm));
   }
 #ifdef GCOMM_GPU
   if (comm->device >= 0 && comm->params.proto == gcommProtoLL &&

@@ -35,6 +35,13 @@ static inline int spansNodes(gcommComm_t comm) {
   return comm->nLocal < comm->nranks;
 }
 
+/* Whether some send FIFOs may hand slots over by reference (gcommConn_t.refs: the network's,
+ * or between ranks of this node with GCOMM_CMA): then no step writes memory such a send still
+ * reads. */
+static inline int sendsByRef(gcommComm_t comm) {
+  return spansNodes(comm) || comm->cma;
+}
+
 /* Whether threads in gcommWait run the progress passes themselves (host communicators, thread
  * mode: see gcommWait), the progress thread serving only work nobody waits on. */
 static inline int waitersDrive(gcommComm_t comm) {
@@ -178,8 +185,9 @@ void gcommBufferCounts(const gcommOp_t* op, int rank, int n, size_t* inCount, si
 int gcommOpMayStart(gcommComm_t comm, gcommOp_t* op);
 int gcommRangesMeet(const char* a, size_t alen, const char* b, size_t blen);
 int gcommRefOverlaps(gcommComm_t comm, int lane, const char* p, size_t len, int peerDone,
-                     uint64_t doneBelow);
-int gcommRefOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t len);
+                     uint64_t doneBelow, uint64_t batch);
+int gcommRefOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t len,
+                              uint64_t batch);
 int gcommWorkMayStart(gcommComm_t comm, gcommWork_t* w);
 
 /* ---- gcomm_vcoll.c ---- */

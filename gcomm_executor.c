@@ -25,17 +25,21 @@ static char* slotData(gcommConn_t* c, size_t bytes) {
   return c->slots + (c->step % GCOMM_STEPS) * c->slotBytes;
 }
 
-static uint64_t slotWord(const gcommConn_t* c) {
-  return c->lines != NULL ? c->lines[c->step % GCOMM_STEPS].word
-                          : c->fifo->bytes[c->step % GCOMM_STEPS];
+/* The reference a rank of this node handed c's step over by (GCOMM_CMA), which the line of a
+ * payload too large for it carries; NULL: the payload is in the slot (or the line). */
+static const char* slotRef(const gcommConn_t* c, size_t bytes) {
+  if (c->lines == NULL || bytes <= GCOMM_LINE_PAYLOAD) return NULL;
+  return c->lines[c->step % GCOMM_STEPS].ref;
 }
 
-/* Hands the filled slot of c's step over: its word, then the flag of its line (the tail follows
- * for dumps only) or the tail. */
-static void slotPublish(gcommConn_t* c, uint64_t word) {
+/* Hands the filled slot of c's step over: its word (and, in the line of a payload too large for
+ * it, ref: where in this rank's memory the payload is, or NULL), then the flag of its line (the
+ * tail follows for dumps only) or the tail. */
+static void slotPublish(gcommConn_t* c, uint64_t word, const char* ref) {
   uint64_t next = c->step + 1;
   if (c->lines != NULL) {
     gcommLine_t* line = &c->lines[c->step % GCOMM_STEPS];
+    if ((uint32_t)word > GCOMM_LINE_PAYLOAD) line->ref = ref; /* the word's payload size */
     line->word = word;
     __atomic_store_n(&line->flag, next, __ATOMIC_RELEASE);
     __atomic_store_n(&c->fifo->tail, next, __ATOMIC_RELAXED);
@@ -47,9 +51,9 @@ static void slotPublish(gcommConn_t* c, uint64_t word) {
 }
 
 /* A step is ready when every FIFO it reads holds a slot, every FIFO it writes has room, and no
- * network send still reads the memory it writes (a send by reference: the next steps of an
- * in-place operation rewrite its input). Returns the peer it waits on (and whether for a
- * receive), or -1 when ready. */
+ * send by reference (the network's, or a local peer's one copy) still reads the memory it writes
+ * (the next steps of an in-place operation rewrite its input). Returns the peer it waits on (and
+ * whether for a receive), or -1 when ready. */
 static int stepBlockedOn(gcommComm_t comm, const gcommWork_t* w, const gcommStep_t* st,
                          int* isRecv) {
   int lane = w->lane;
@@ -76,9 +80,9 @@ static int stepBlockedOn(gcommComm_t comm, const gcommWork_t* w, const gcommStep
   /* a message received into dst itself (gcommNetDirectTarget) leaves the step nothing to write */
   gcommConn_t* in = st->recvPeer[0] >= 0 ? recvConn(comm, lane, st->recvPeer[0]) : NULL;
   int landed = in != NULL && in->landed != NULL && in->landed[in->step % GCOMM_STEPS] == dst;
-  int peer = dst == NULL || landed || !spansNodes(comm)
+  int peer = dst == NULL || landed || !sendsByRef(comm)
                  ? -1
-                 : gcommRefOverlaps(comm, lane, dst, st->count * esz, -1, 0);
+                 : gcommRefOverlaps(comm, lane, dst, st->count * esz, -1, 0, 0);
   *isRecv = 0;
   return peer;
 }
@@ -158,6 +162,45 @@ static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* 
     gcommDivideArray(op->datatype, value, st->count, comm->nranks);
 }
 
+/* Whether the value of a step, in the caller's memory at user (NULL: not there), goes to send
+ * FIFO c by reference. Over the network always (the provider sends from it). To a rank of this
+ * node (GCOMM_CMA) where its one copy pays, a step of at least c->refMinBytes whose receiver only
+ * copies it (not a reduction's input: its receiver reads it once anyway, to reduce it), and where
+ * no operation of this rank running now writes that memory: such a write must wait until the peer
+ * has copied it, and the peer's own receive may wait likewise for this rank (an in-place
+ * all-to-all, a send and a receive of one buffer in a group): neither would come. A finished
+ * value (in the output) is written once by its operation, and a root that only sends (Broadcast,
+ * Scatter) may lend its input in place. */
+static int sendsRef(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* st,
+                    const gcommConn_t* c, const char* user, size_t bytes) {
+  if (user == NULL || c->refs == NULL) return 0;
+  if (c->refPid == 0) return 1;
+  int finished = st->dst != GCOMM_BUF_NONE || st->src == GCOMM_BUF_OUT;
+  if (bytes < c->refMinBytes || (!finished && gcommIsReduction(op->func))) return 0;
+  for (const gcommOp_t* e = comm->activeHead; e != NULL; e = e->nextActive) {
+    size_t in, out;
+    if (e == op && (finished || op->func == gcommFuncBroadcast || op->func == gcommFuncScatter))
+      continue;
+    gcommBufferCounts(e, comm->rank, comm->nranks, &in, &out);
+    if (gcommRangesMeet(e->recvbuff, out * gcommTypeSize(e->datatype), user, bytes)) return 0;
+  }
+  return 1;
+}
+
+/* Where a received slot's data is for the step: the slot (or its line), the caller's memory the
+ * network received it into, or, for a slot handed over by reference by a rank of this node, where
+ * this rank copied it from the sender's memory: dst itself when the step only copies it there (one
+ * copy in all), else the slot (what a reduction reads). */
+static gcommResult_t receivedData(gcommComm_t comm, gcommConn_t* c, const gcommStep_t* st,
+                                  char* dst, size_t bytes, char** data) {
+  int slot = (int)(c->step % GCOMM_STEPS);
+  const char* ref = slotRef(c, bytes);
+  *data = c->landed && c->landed[slot] ? c->landed[slot] : slotData(c, bytes);
+  if (ref == NULL) return gcommSuccess;
+  if (dst != NULL && !st->reduce && st->recvPeer[1] < 0) *data = dst;
+  return gcommShmReadRef(comm, c, *data, ref, bytes);
+}
+
 /* Executes a ready step: value = recv (op src) or src; value -> dst and send FIFOs. */
 static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t* st) {
   const gcommOp_t* op = w->op;
@@ -173,7 +216,7 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
     if (st->recvPeer[i] >= 0) {
       int peer = st->recvPeer[i];
       gcommConn_t* c = recvConn(comm, w->lane, peer);
-      uint64_t got = slotWord(c), want = GCOMM_SLOT_WORD(op->tag, bytes);
+      uint64_t got = gcommSlotWord(c, c->step), want = GCOMM_SLOT_WORD(op->tag, bytes);
       if (got != want) {
         char what[256];
         gcommDescribeMismatch(what, sizeof(what), got, want);
@@ -184,8 +227,7 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
                              gcommTypeNames[op->datatype], gcommOpNames[op->redop], op->root,
                              w->lane, w->step, peer, what);
       }
-      char* landed = c->landed ? c->landed[c->step % GCOMM_STEPS] : NULL;
-      in[nIn++] = landed ? landed : slotData(c, bytes);
+      GCOMM_CHECK(receivedData(comm, c, st, dst, bytes, &in[nIn++]));
     }
     if (st->sendPeer[i] >= 0) {
       outConn[nOut] = sendConn(comm, w->lane, st->sendPeer[i]);
@@ -197,22 +239,26 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
    * the caller's memory (dst, or src sent as it is) goes to a network FIFO by reference */
   char* user = dst ? dst : nIn == 0 && !st->postOp && !stepScalesInput(op, st, nIn) ? src : NULL;
   char* value = user ? user : out[0];
+  int byRef[2] = {0, 0};
+  for (int i = 0; i < nOut; i++) byRef[i] = sendsRef(comm, op, st, outConn[i], user, bytes);
   if (value != NULL && bytes > 0) {
     stepValue(comm, op, st, src, in, nIn, value);
     for (int i = 0; i < nOut; i++)
-      if (out[i] != value && !(user && outConn[i]->refs)) memcpy(out[i], value, bytes);
+      if (out[i] != value && !byRef[i]) memcpy(out[i], value, bytes);
   }
-  /* publish: payload sizes and data before the counters that hand the slots over */
-  for (int i = 0; i < 2; i++) {
+  /* publish: data (or references) before the flags or counters that hand the slots over */
+  for (int i = 0, o = 0; i < 2; i++) {
     if (st->sendPeer[i] >= 0) {
-      gcommConn_t* c = sendConn(comm, w->lane, st->sendPeer[i]);
+      gcommConn_t* c = outConn[o];
+      const char* ref = byRef[o++] ? user : NULL;
+      if (c->refs) {
+        c->refs[c->step % GCOMM_STEPS] = ref;
+        c->refBatch[c->step % GCOMM_STEPS] = op->batch;
+        if (ref) __atomic_store_n(&c->refUntil, c->step + 1, __ATOMIC_RELAXED);
+      }
       /* the payload size and the call's tag (across nodes the tag travels as the message's
        * completion data, transports/net_ofi.c) */
-      if (c->refs) {
-        c->refs[c->step % GCOMM_STEPS] = user;
-        if (user) c->refUntil = c->step + 1;
-      }
-      slotPublish(c, GCOMM_SLOT_WORD(op->tag, bytes));
+      slotPublish(c, GCOMM_SLOT_WORD(op->tag, bytes), ref);
     }
     if (st->recvPeer[i] >= 0) {
       gcommConn_t* c = recvConn(comm, w->lane, st->recvPeer[i]);

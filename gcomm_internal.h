@@ -116,6 +116,8 @@ typedef struct {
   int64_t gdrSync;       /* GCOMM_GDRCOPY_SYNC_ENABLE */
   int64_t gdrFlush;      /* GCOMM_GDRCOPY_FLUSH_ENABLE */
   const char* gdrLib;    /* GCOMM_GDRCOPY_LIBRARY */
+  int cma;               /* GCOMM_CMA: GCOMM_CMA_OFF, _ON or _AUTO */
+  int64_t cmaMinBytes;   /* GCOMM_CMA_MIN_BYTES */
   const char* hostId;    /* GCOMM_HOSTID, or NULL */
 #ifdef GCOMM_OFI
   int64_t netDisable;       /* GCOMM_NET_DISABLE */
@@ -154,6 +156,9 @@ int gcommParamParse(int i, const char* text, char* out, size_t len);
 #define GCOMM_SHARED_GPU_AUTO 0 /* the indices of GCOMM_SHARED_GPU's choices in gcomm_params.c */
 #define GCOMM_SHARED_GPU_KERNELS 1
 #define GCOMM_SHARED_GPU_COPY 2
+#define GCOMM_CMA_OFF 0 /* the indices of GCOMM_CMA's choices in gcomm_params.c */
+#define GCOMM_CMA_ON 1
+#define GCOMM_CMA_AUTO 2
 #define GCOMM_NET_GDR_OFF 0 /* the indices of GCOMM_NET_GDR's choices in gcomm_params.c */
 #define GCOMM_NET_GDR_ON 1
 #define GCOMM_NET_GDR_AUTO 2
@@ -174,10 +179,15 @@ typedef struct {
  * word and, when the payload fits, the payload itself, then the flag (the sender's step + 1),
  * written last with release. The receiver polls this one line, which the sender filled with one
  * hand-off of one cache line, instead of the tail, the word and the slot (three lines; the tail
- * still advances, for dumps). Larger payloads stay in the slot; the line carries their word. */
+ * still advances, for dumps). Larger payloads stay in the slot; the line carries their word and
+ * ref: where in the sender's memory the payload is instead, when the sender handed it over by
+ * reference (GCOMM_CMA), else NULL. */
 #define GCOMM_LINE_PAYLOAD 48
 typedef struct {
-  char data[GCOMM_LINE_PAYLOAD];
+  union {
+    char data[GCOMM_LINE_PAYLOAD];
+    const char* ref;
+  };
   volatile uint64_t word;
   volatile uint64_t flag;
 } __attribute__((aligned(64))) gcommLine_t;
@@ -204,12 +214,20 @@ typedef struct {
   /* A FIFO between the ranks of a node: its GCOMM_STEPS slot lines (gcommLine_t), which the host
    * executor fills and polls in place of the tail and the words. NULL elsewhere. */
   gcommLine_t* lines;
-  /* A network send FIFO whose provider sends from any memory (transports/net_ofi.c): the host
-   * executor may hand a slot over as a pointer into the caller's buffer (refs[slot]) instead of
-   * copying the data into it; refUntil: the step after the last slot so handed over. NULL
-   * elsewhere. */
+  /* A send FIFO whose receiver takes data from any memory: a network provider that sends from it
+   * (transports/net_ofi.c), or a rank of this node that reads the sender's memory itself
+   * (transports/shm.c, GCOMM_CMA). The host executor may hand a slot over as a pointer into the
+   * caller's buffer (refs[slot]) instead of copying the data into it; refUntil (atomic): the step
+   * after the last slot so handed over. NULL elsewhere. Between ranks of a node refs is the
+   * sender's own record and the reference itself travels in the slot's line (gcommLine_t.ref),
+   * which the receiver copies from, once, out of the memory of process refPid (the sender; set on
+   * both sides, 0 over the network); the sender hands over only steps of at least refMinBytes
+   * there. */
   const char** refs;
   uint64_t refUntil;
+  size_t refMinBytes;
+  pid_t refPid;
+  uint64_t refBatch[GCOMM_STEPS]; /* sender: the post (gcommOp.batch) of each slot's reference */
   /* A network receive FIFO whose provider receives into any memory (transports/net_ofi.c): where
    * the message of each slot's step was received, when not in the slot: the caller's memory the
    * step writes (gcommNetDirectTarget chose it as the receive was posted), else NULL. NULL
@@ -222,6 +240,12 @@ typedef struct {
    * step that waits on it fails with this text. NULL while it works, and elsewhere. */
   const char* netFailure;
 } gcommConn_t;
+
+/* The word of c's slot of step s: in its line (a FIFO between the ranks of a node), else in the
+ * FIFO's words. */
+static inline uint64_t gcommSlotWord(const gcommConn_t* c, uint64_t s) {
+  return c->lines != NULL ? c->lines[s % GCOMM_STEPS].word : c->fifo->bytes[s % GCOMM_STEPS];
+}
 
 /* ---- Operations ----
  * An operation (a collective, a send or a receive) is split into works, one per channel, each a
@@ -289,6 +313,10 @@ typedef struct {
   char host[64];
   char shmName[64];
   unsigned char devHandle[64]; /* GPU communicators: cudaIpcMemHandle_t of the FIFO region */
+  /* a word of this process, its value and address, and where this process maps its shm segment:
+   * the ranks of its node read them at setup, to learn whether they may read this process's
+   * memory, and how fast (GCOMM_CMA) */
+  uint64_t cmaWord, cmaAt, shmAt;
 } gcommCard_t;
 
 /* A PreMulSum operator of a communicator (gcommRedOpCreatePreMulSum): handle gcommNumOps + i is
@@ -411,10 +439,11 @@ typedef struct {
   const char* name;
   /* Collective: connects its connections once every rank's card is known; connectWhat names the
    * step in the error every rank gets when one rank fails it. connected runs after every rank has
-   * succeeded (the shm segments' names go away). */
+   * succeeded (collective too: the shm segments' names go away, and the ranks agree on reading
+   * each other's memory). */
   gcommResult_t (*connect)(gcommComm_t comm);
   const char* connectWhat;
-  void (*connected)(gcommComm_t comm);
+  gcommResult_t (*connected)(gcommComm_t comm);
   /* The proxy's share of a progress pass: moves what it can, sets *moved when anything moved. */
   gcommResult_t (*progress)(gcommComm_t comm, int* moved);
   /* Whether data it holds for finished operations is still in flight (withCredits: or what it owes
@@ -485,6 +514,9 @@ struct gcommComm {
   gcommConn_t* sendConns; /* [lane * nranks + peer] */
   gcommConn_t* recvConns;
   struct gcommShm* shm;
+  /* host communicators: steps between ranks of this node may go by reference, the receiver
+   * copying from the sender's memory (transports/shm.c, GCOMM_CMA); every rank alike */
+  int cma;
 #ifdef GCOMM_OFI
   struct gcommNet* net; /* transports/net_ofi.c; NULL when every rank is on one node */
 #endif
@@ -600,6 +632,10 @@ size_t gcommShmSegmentBytes(size_t slotBytes, int nLanes, int nLocal, size_t are
 /* The area reserved in rank's segment, as mapped in this process (after gcommShmConnect for
  * another rank), or NULL: none reserved, rank not on this node or not mapped. */
 void* gcommShmArea(gcommComm_t comm, int rank);
+/* Copies a slot that the sender on c handed over by reference (GCOMM_CMA): bytes at from in its
+ * memory to to, in one copy. gcommSuccess, or the error, naming the peer. */
+gcommResult_t gcommShmReadRef(gcommComm_t comm, const gcommConn_t* c, void* to, const char* from,
+                              size_t bytes);
 /* rank's status in its segment, or NULL when rank is not on this node (or not mapped yet). */
 gcommStatus_t* gcommShmStatus(gcommComm_t comm, int rank);
 void gcommShmFree(gcommComm_t comm);

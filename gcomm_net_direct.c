@@ -109,8 +109,8 @@ char* gcommNetDirectTarget(gcommComm_t comm, gcommConn_t* c, uint64_t s, size_t*
           src != NULL || dst == NULL || len == 0 || len > c->slotBytes)
         return NULL;
       /* what else uses that memory first must be over by the time the message can come */
-      if (gcommRefOverlapsElsewhere(comm, lane, dst, len)) return NULL;
-      int used = gcommRefOverlaps(comm, lane, dst, len, -1, 0) >= 0;
+      if (gcommRefOverlapsElsewhere(comm, lane, dst, len, 0)) return NULL;
+      int used = gcommRefOverlaps(comm, lane, dst, len, -1, 0, 0) >= 0;
       for (int i = 0; i < nTouched && !used; i++)
         used = gcommRangesMeet(touched[i].p, touched[i].len, dst, len);
       if (used) {
@@ -122,7 +122,7 @@ char* gcommNetDirectTarget(gcommComm_t comm, gcommConn_t* c, uint64_t s, size_t*
           if (gcommRangesMeet(touched[i].p, touched[i].len, dst, len) &&
               (touched[i].toOthers || touched[i].sentBefore >= received))
             return NULL;
-        if (gcommRefOverlaps(comm, lane, dst, len, peer, received) >= 0) return NULL;
+        if (gcommRefOverlaps(comm, lane, dst, len, peer, received, 0) >= 0) return NULL;
       }
       *bytes = len;
       return dst;

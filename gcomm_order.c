@@ -13,18 +13,24 @@ int gcommRangesMeet(const char* a, size_t alen, const char* b, size_t blen) {
   return a != NULL && b != NULL && a < b + blen && b < a + alen;
 }
 
-/* The peer of an unfinished network send from the caller's memory (gcommConn_t.refs) that
- * overlaps [p, p + len) on this lane, or -1; sends to rank peerDone below FIFO step doneBelow do
- * not count (the peer has received them). */
+/* The peer of an unfinished send from the caller's memory (gcommConn_t.refs: over the network,
+ * or read by a rank of this node) that overlaps [p, p + len) on this lane, or -1; sends to rank
+ * peerDone below FIFO step doneBelow do not count (the peer has received them), nor those of the
+ * operations of post batch (0: none). The head last read (roomUntil) tells, without a read of the
+ * peer's counter, that every such send is over. */
 int gcommRefOverlaps(gcommComm_t comm, int lane, const char* p, size_t len, int peerDone,
-                     uint64_t doneBelow) {
+                     uint64_t doneBelow, uint64_t batch) {
   for (int q = 0; q < comm->nranks; q++) {
     gcommConn_t* c = sendConn(comm, lane, q);
-    uint64_t s = c->refs ? __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE) : c->refUntil;
+    if (c->refs == NULL || c->refUntil + GCOMM_STEPS <= c->roomUntil) continue;
+    uint64_t s = __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE);
+    c->roomUntil = s + GCOMM_STEPS;
     if (q == peerDone && s < doneBelow) s = doneBelow;
     for (; s < c->refUntil; s++) {
       const char* r = c->refs[s % GCOMM_STEPS];
-      if (gcommRangesMeet(r, (uint32_t)c->fifo->bytes[s % GCOMM_STEPS], p, len)) return q;
+      if ((batch == 0 || c->refBatch[s % GCOMM_STEPS] != batch) &&
+          gcommRangesMeet(r, (uint32_t)gcommSlotWord(c, s), p, len))
+        return q;
     }
   }
   return -1;
@@ -63,11 +69,13 @@ int gcommOpMayStart(gcommComm_t comm, gcommOp_t* op) {
   return 1;
 }
 
-/* Whether a network send by reference on a lane other than lane (another channel's, or a send's)
- * still reads [p, p + len). Its operation may have finished: the message goes out later. */
-int gcommRefOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t len) {
+/* Whether a send by reference on a lane other than lane (another channel's, or a send's) still
+ * reads [p, p + len), not counting those of post batch (0: every one counts). Its operation may
+ * have finished: the message goes out (or the local peer copies it) later. */
+int gcommRefOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t len,
+                              uint64_t batch) {
   for (int l = 0; l < comm->nLanes; l++)
-    if (l != lane && gcommRefOverlaps(comm, l, p, len, -1, 0) >= 0) return 1;
+    if (l != lane && gcommRefOverlaps(comm, l, p, len, -1, 0, batch) >= 0) return 1;
   return 0;
 }
 
@@ -93,14 +101,17 @@ static const char* workOutput(gcommComm_t comm, const gcommWork_t* w, size_t* le
   }
 }
 
-/* Whether w may run its first step: its operation may start (gcommOpMayStart) and, between nodes,
- * no send by reference of another lane still reads what it writes. */
+/* Whether w may run its first step: its operation may start (gcommOpMayStart) and no send by
+ * reference of another lane still reads what it writes, an earlier post's (those of its own run
+ * concurrently, as its operations do: each channel of an operation writes its own slice, and a
+ * local peer's copy of this post's reference may wait for this very work). */
 int gcommWorkMayStart(gcommComm_t comm, gcommWork_t* w) {
   if (w->mayStart) return 1;
   if (!gcommOpMayStart(comm, w->op)) return 0;
   size_t len;
   const char* out = workOutput(comm, w, &len);
-  w->mayStart = !spansNodes(comm) || !gcommRefOverlapsElsewhere(comm, w->lane, out, len);
+  w->mayStart =
+      !sendsByRef(comm) || !gcommRefOverlapsElsewhere(comm, w->lane, out, len, w->op->batch);
   return w->mayStart;
 }
 

@@ -23,6 +23,7 @@ enum { PARAM_INT, PARAM_SIZE, PARAM_ENUM, PARAM_STR, PARAM_LOG };
 const char* const gcommAlgoNames[] = {"ring", "tree", "direct", "twoshot", "recdbl", NULL};
 const char* const gcommProtoNames[] = {"simple", "ll", NULL};
 const char* const gcommProxyModeNames[] = {"thread", "poll", NULL};
+static const char* const cmaNames[] = {"0", "1", "auto", NULL}; /* GCOMM_CMA_OFF, _ON, _AUTO */
 #ifdef GCOMM_GPU
 /* GCOMM_SHARED_GPU_AUTO, _KERNELS, _COPY */
 static const char* const sharedGpuNames[] = {"auto", "kernels", "copy", NULL};
@@ -76,6 +77,15 @@ static const gcommParamDef_t paramTable[] = {
     {"GCOMM_CHECK_MISMATCH", "1", PARAM_INT, PARAM_AT(checkMismatch), NULL, 0, 1,
      "1: ranks whose calls differ (collective, count, datatype, op, root) fail naming the rank",
      SHARED},
+    {"GCOMM_CMA", "auto", PARAM_ENUM, PARAM_AT(cma), cmaNames, 0, 0,
+     "host communicators: a step of at least GCOMM_CMA_MIN_BYTES moves between ranks of a node "
+     "with one copy (process_vm_readv) where every local rank may read the others: 1, 0 never, "
+     "auto where such a read runs at least half as fast as a copy",
+     LOCAL},
+    {"GCOMM_CMA_MIN_BYTES", "64K", PARAM_SIZE, PARAM_AT(cmaMinBytes), NULL, 0, (int64_t)1 << 30,
+     "GCOMM_CMA: the smallest FIFO step (bytes) sent by reference to a rank of the node (at least "
+     "49: a slot's line carries up to 48 bytes)",
+     LOCAL},
     {"GCOMM_HOSTID", "", PARAM_STR, PARAM_AT(hostId), NULL, 0, 0,
      "ranks with the same value share a node (default: MPI_COMM_TYPE_SHARED)", LOCAL},
     {"GCOMM_PROFILER_PLUGIN", "", PARAM_STR, PARAM_AT(profilerPlugin), NULL, 0, 0,

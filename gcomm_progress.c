@@ -627,7 +627,7 @@ gcommResult_t gcommDeadPeerResult(gcommComm_t comm, const char* where) {
 }
 
 static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int drive) {
-  uint64_t deadline = 0, idleSince = 0;
+  uint64_t deadline = 0, idleSince = 0, probeAt = 0;
   int spins = 0;
   while (!gcommAllDone(comm, target)) {
     /* the node's revoke words (a load a rank) at the first poll and once spinning is over: a
@@ -653,6 +653,15 @@ static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int d
     }
     uint64_t now = gcommNowNs();
     if (deadline == 0) deadline = now + (uint64_t)(comm->params.timeoutMs + 1000) * 1000000;
+    /* what is left may wait on no step (a local peer's copy of this rank's memory, one copy):
+     * after 100 ms, every 50 ms, a rank of the node that died is named (the steps' own probes
+     * cover the rest) */
+    if (probeAt == 0) probeAt = now + 100000000;
+    if (now >= probeAt) {
+      probeAt = now + 50000000;
+      gcommResult_t res = gcommDeadPeerResult(comm, "gcommWait");
+      if (res != gcommSuccess) return res;
+    }
     if (now > deadline)
       return gcommSetError(
           comm, gcommTimeout, -1, "gcommWait",

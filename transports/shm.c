@@ -10,7 +10,18 @@
  * crash. The segment's last page holds the rank's gcommStatus_t (its error, its current
  * collectives). A caller may reserve an area before it (gcommShmArea): a GPU communicator's FIFO
  * region when it is staged through host memory (transports/p2p.c).
+ *
+ * One copy (GCOMM_CMA, host communicators): the line of a slot whose payload does not fit in it
+ * carries a reference: where in the sender's memory the slot's data is, when the sender handed a
+ * large step over by reference instead of copying it into the slot (NULL: it is in the slot). The
+ * receiver copies it from there once (process_vm_readv), and its head then tells the sender that
+ * the memory is free. That takes the right to read another process's memory (ptrace's access
+ * check: the same user and Yama's ptrace_scope 0, or CAP_SYS_PTRACE; a container's seccomp
+ * profile may refuse the call), so each rank reads a word of every other rank of its node at
+ * setup, and the ranks use references only when every such read succeeded, every rank deciding
+ * alike.
  */
+#define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +31,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,7 +44,11 @@ struct gcommShm {
   size_t linesOff;           /* the FIFOs' slot lines, GCOMM_STEPS a FIFO, in the FIFOs' order */
   size_t areaOff, areaBytes; /* the caller's area (gcommShmCreate's areaBytes), 0 bytes: none */
   int unlinked;
-  char name[64]; /* this rank's segment */
+  char name[64];    /* this rank's segment */
+  uint64_t cmaWord; /* the word the ranks of the node read at setup (card.cmaWord, cmaAt) */
+  /* what this rank's send FIFOs to the ranks of its node handed over by reference, GCOMM_STEPS a
+   * FIFO (gcommConn_t.refs; GCOMM_CMA): the sender's own record, which its receiver never reads */
+  const char** sentRefs;
 };
 
 #define STATUS_BYTES 8192 /* the segment's last two pages: gcommStatus_t */
@@ -122,6 +138,9 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaByt
            __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED), comm->rank,
            (unsigned long)now.tv_sec * 1000000000ul + (unsigned long)now.tv_nsec);
   snprintf(shm->name, sizeof(shm->name), "%s", card->shmName);
+  shm->cmaWord = ((uint64_t)getpid() << 32 ^ (uint64_t)now.tv_nsec ^ (uint64_t)comm->rank) | 1;
+  card->cmaWord = shm->cmaWord;
+  card->cmaAt = (uint64_t)(uintptr_t)&shm->cmaWord;
   int fd = shm_open(card->shmName, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0)
     return GCOMM_ERROR(comm, gcommSystemError, -1, "shm_open(%s): %s", card->shmName,
@@ -150,16 +169,23 @@ gcommResult_t gcommShmCreate(gcommComm_t comm, gcommCard_t* card, size_t areaByt
                        shm->segBytes, strerror(err));
   }
   shm->maps[comm->rank] = p;
+  card->shmAt = (uint64_t)(uintptr_t)p;
   GCOMM_INFO(GCOMM_SUBSYS_SHM, comm, "segment %s: %zu bytes (%d local ranks x %d lanes x %zu)",
              card->shmName, shm->segBytes, comm->nLocal, comm->nLanes, shm->fifoBytes);
   return gcommSuccess;
 }
 
+/* Where in a segment the FIFO from local sender senderIdx on lane is, among the FIFOs and among
+ * their lines alike. */
+static size_t fifoIndex(int senderIdx, int lane, int nLanes) {
+  return (size_t)senderIdx * nLanes + lane;
+}
+
 static gcommConn_t makeConn(struct gcommShm* shm, void* seg, int senderIdx, int lane, int nLanes,
                             size_t slotBytes, int peer) {
   gcommConn_t c;
-  memset(&c, 0, sizeof(c)); /* fields for other transports (refs) stay empty */
-  size_t fifoIdx = (size_t)senderIdx * nLanes + lane;
+  memset(&c, 0, sizeof(c)); /* references stay off until the ranks agree (shmConnected) */
+  size_t fifoIdx = fifoIndex(senderIdx, lane, nLanes);
   char* base = (char*)seg + fifoIdx * shm->fifoBytes;
   c.fifo = (gcommFifo_t*)base;
   c.lines = (gcommLine_t*)((char*)seg + shm->linesOff) + fifoIdx * GCOMM_STEPS;
@@ -173,6 +199,10 @@ static gcommConn_t makeConn(struct gcommShm* shm, void* seg, int senderIdx, int 
 gcommResult_t gcommShmConnect(gcommComm_t comm) {
   struct gcommShm* shm = comm->shm;
   int me = comm->rank, myIdx = gcommLocalIndex(comm, me);
+  if (comm->device < 0 && comm->params.cma != GCOMM_CMA_OFF) { /* should the ranks use one copy */
+    shm->sentRefs = calloc((size_t)comm->nLocal * comm->nLanes * GCOMM_STEPS, sizeof(char*));
+    if (shm->sentRefs == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  }
   for (int p = 0; p < comm->nranks; p++) {
     if (comm->cards[p].hostId != comm->cards[me].hostId) continue;
     if (p != me) {
@@ -197,6 +227,206 @@ gcommResult_t gcommShmConnect(gcommComm_t comm) {
     }
   }
   return gcommSuccess;
+}
+
+/* Whether this rank may read the memory of every other rank of its node: it reads each one's
+ * word (card.cmaAt) and finds its value. 0 with *err (an errno, or 0 for a wrong value: another
+ * process by that pid, of another pid namespace) and *peer saying whose read failed. */
+static int mayReadPeers(gcommComm_t comm, int* err, int* peer) {
+  for (int i = 0; i < comm->nLocal; i++) {
+    int p = comm->localRanks[i];
+    uint64_t got = 0;
+    struct iovec local = {&got, sizeof(got)};
+    struct iovec remote = {(void*)(uintptr_t)comm->cards[p].cmaAt, sizeof(got)};
+    if (p == comm->rank) continue;
+    ssize_t n = process_vm_readv(comm->cards[p].pid, &local, 1, &remote, 1, 0);
+    if (n != (ssize_t)sizeof(got) || got != comm->cards[p].cmaWord) {
+      *err = n < 0 ? errno : 0;
+      *peer = p;
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* How fast this rank reads another's memory against a copy of memory it maps (GCOMM_CMA=auto):
+ * the same pages of the next local rank's segment (the FIFO this rank sends it on), read with
+ * process_vm_readv and copied from this rank's mapping, each once to warm, then the best of 3: a
+ * read's speed in per mille of a copy's (0: the read failed), or -1 (no other local rank, or out
+ * of memory). Under some hypervisors a read pins every page at great cost (the 2 vCPUs of a
+ * microVM: 5-10% of a copy's speed). */
+static int readSpeed(gcommComm_t comm) {
+  struct gcommShm* shm = comm->shm;
+  int me = gcommLocalIndex(comm, comm->rank);
+  int p = comm->localRanks[(me + 1) % comm->nLocal];
+  size_t len = gcommMinSize(256 << 10, GCOMM_STEPS * comm->slotBytes);
+  size_t off = fifoIndex(me, 0, comm->nLanes) * shm->fifoBytes + sizeof(gcommFifo_t);
+  char* to = p == comm->rank ? NULL : malloc(len);
+  if (to == NULL) return -1;
+  uint64_t readNs = UINT64_MAX, copyNs = UINT64_MAX;
+  for (int k = 0; k < 4; k++) {
+    struct iovec local = {to, len}, remote = {(char*)(uintptr_t)comm->cards[p].shmAt + off, len};
+    uint64_t t0 = gcommNowNs();
+    ssize_t n = process_vm_readv(comm->cards[p].pid, &local, 1, &remote, 1, 0);
+    uint64_t t1 = gcommNowNs();
+    memcpy(to, (char*)shm->maps[p] + off, len);
+    uint64_t t2 = gcommNowNs();
+    if (n != (ssize_t)len) {
+      readNs = 0;
+      break;
+    }
+    if (k == 0) continue; /* the first warms page tables and caches */
+    if (t1 - t0 < readNs) readNs = t1 - t0;
+    if (t2 - t1 < copyNs) copyNs = t2 - t1;
+  }
+  free(to);
+  return readNs == 0 ? 0 : (int)gcommMinSize(1000000, copyNs * 1000 / readNs);
+}
+
+/* The smallest step handed over by reference: GCOMM_CMA_MIN_BYTES, and more than a slot's line
+ * carries (such a payload goes in one line already, and the line has no room for a reference). */
+static size_t refMinBytes(gcommComm_t comm) {
+  size_t min = (size_t)comm->params.cmaMinBytes;
+  return min > GCOMM_LINE_PAYLOAD ? min : GCOMM_LINE_PAYLOAD + 1;
+}
+
+/* Points every send connection to a rank of this node at its record of references, and both
+ * sides at the peer's process (comm->cma). */
+static void useReferences(gcommComm_t comm) {
+  struct gcommShm* shm = comm->shm;
+  for (int i = 0; i < comm->nLocal; i++) {
+    int p = comm->localRanks[i];
+    for (int lane = 0; lane < comm->nLanes; lane++) {
+      gcommConn_t* s = &comm->sendConns[lane * comm->nranks + p];
+      gcommConn_t* r = &comm->recvConns[lane * comm->nranks + p];
+      s->refs = shm->sentRefs + fifoIndex(i, lane, comm->nLanes) * GCOMM_STEPS;
+      s->refMinBytes = refMinBytes(comm);
+      s->refPid = r->refPid = comm->cards[p].pid;
+    }
+  }
+}
+
+/* What each rank tells the others at setup about one copy (GCOMM_CMA). */
+enum { CMA_MODE, CMA_READS, CMA_ERR, CMA_PEER, CMA_SPEED, CMA_FIELDS };
+
+/* The one decision of every rank from what all told (all[rank * CMA_FIELDS + field]): off where
+ * any rank says GCOMM_CMA=0 or cannot read a local peer (*refused: the first such rank), on where
+ * every rank says 1, else (auto) where the median speed (*speed, per mille of a copy's) is at
+ * least half a copy's: a step then costs one read against a copy into the slot and one out. */
+static int decideCma(gcommComm_t comm, const int* all, int* refused, int* speed) {
+  int n = comm->nranks, forced = 1, nSpeeds = 0;
+  int* speeds = malloc(sizeof(int) * (size_t)n);
+  *refused = -1, *speed = -1;
+  for (int r = 0; r < n; r++) {
+    const int* f = all + (size_t)r * CMA_FIELDS;
+    if (f[CMA_MODE] == GCOMM_CMA_OFF) forced = 0, *refused = -2;
+    if (f[CMA_MODE] != GCOMM_CMA_ON) forced = 0;
+    if (!f[CMA_READS] && *refused == -1) *refused = r;
+    if (f[CMA_SPEED] >= 0 && speeds != NULL) speeds[nSpeeds++] = f[CMA_SPEED];
+  }
+  for (int i = 1; i < nSpeeds; i++) /* a few ranks: insertion sort */
+    for (int j = i; j > 0 && speeds[j - 1] > speeds[j]; j--) {
+      int t = speeds[j];
+      speeds[j] = speeds[j - 1], speeds[j - 1] = t;
+    }
+  if (nSpeeds > 0) *speed = speeds[nSpeeds / 2];
+  free(speeds);
+  return *refused == -1 && (forced || *speed < 0 || *speed >= 500);
+}
+
+/* Rank 0 says at GCOMM_DEBUG=INFO what the ranks decided about one copy, and why. */
+static void sayCma(gcommComm_t comm, const int* all, int refused, int speed) {
+  char fast[160] = "";
+  if (comm->rank != 0 || comm->nLocal < 2 || comm->device >= 0) return;
+  if (speed >= 0)
+    snprintf(fast, sizeof(fast),
+             "a read of another rank's memory runs at %d%% of a copy's speed (the median rank's; "
+             "GCOMM_CMA=auto needs 50%%)",
+             speed / 10);
+  if (comm->cma) {
+    GCOMM_INFO(GCOMM_SUBSYS_SHM, comm,
+               "one copy between local ranks (process_vm_readv) for steps of %zu bytes or "
+               "more%s%s",
+               refMinBytes(comm), speed >= 0 ? ": " : "", fast);
+  } else if (refused >= 0) {
+    const int* f = all + (size_t)refused * CMA_FIELDS;
+    GCOMM_INFO(GCOMM_SUBSYS_SHM, comm,
+               "no one copy between local ranks: rank %d cannot read rank %d's memory (%s: "
+               "ptrace's access check, Yama's ptrace_scope or a container's seccomp profile "
+               "refuses process_vm_readv); every step goes through the FIFO slots",
+               refused, f[CMA_PEER],
+               f[CMA_ERR] ? strerror(f[CMA_ERR]) : "another process has that pid");
+  } else {
+    GCOMM_INFO(GCOMM_SUBSYS_SHM, comm, "no one copy between local ranks: %s",
+               refused == -2 ? "GCOMM_CMA=0" : fast);
+  }
+}
+
+/* Every rank has mapped every segment it needs: the names go, and the ranks decide alike on one
+ * copy between local ranks (a host communicator; GCOMM_CMA; every local read allowed, and fast
+ * enough where auto). */
+static gcommResult_t shmConnected(gcommComm_t comm) {
+  int mine[CMA_FIELDS] = {comm->device < 0 ? comm->params.cma : GCOMM_CMA_OFF, 0, 0, -1, -1};
+  gcommShmUnlink(comm);
+  mine[CMA_READS] =
+      mine[CMA_MODE] != GCOMM_CMA_OFF && mayReadPeers(comm, &mine[CMA_ERR], &mine[CMA_PEER]);
+  if (mine[CMA_READS] && mine[CMA_MODE] == GCOMM_CMA_AUTO) mine[CMA_SPEED] = readSpeed(comm);
+  if (mine[CMA_MODE] == GCOMM_CMA_OFF) mine[CMA_READS] = 1; /* not tried: refuses nothing */
+  int* all = malloc(sizeof(mine) * (size_t)comm->nranks);
+  if (all == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  gcommResult_t res = comm->allgather(comm, mine, sizeof(mine), all);
+  int refused, speed;
+  comm->cma = res == gcommSuccess && decideCma(comm, all, &refused, &speed);
+  if (comm->cma) useReferences(comm);
+  if (res == gcommSuccess) sayCma(comm, all, refused, speed);
+  free(all);
+  return res;
+}
+
+gcommResult_t gcommShmReadRef(gcommComm_t comm, const gcommConn_t* c, void* to, const char* from,
+                              size_t bytes) {
+  /* a send to itself: its own memory (a send and a receive of one buffer may meet) */
+  if (c->peer == comm->rank) {
+    memmove(to, from, bytes);
+    return gcommSuccess;
+  }
+  for (size_t done = 0; done < bytes;) {
+    struct iovec local = {(char*)to + done, bytes - done};
+    struct iovec remote = {(void*)(from + done), bytes - done};
+    ssize_t n = process_vm_readv(c->refPid, &local, 1, &remote, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      return GCOMM_ERROR(comm, errno == ESRCH ? gcommRemoteError : gcommSystemError, c->peer,
+                         "reading %zu bytes at %p of rank %d's memory (process_vm_readv, pid %d): "
+                         "%s",
+                         bytes - done, (const void*)(from + done), c->peer, (int)c->refPid,
+                         n < 0 ? strerror(errno) : "nothing read");
+    done += (size_t)n;
+  }
+  return gcommSuccess;
+}
+
+/* Whether a slot handed over by reference to a rank of this node is not read yet: the sender's
+ * memory must not change until it is (gcommWait waits), and its engine polls rather than naps. A
+ * rank that stopped (an error: a call that differs, say) or left reads nothing more. */
+static int refsPending(gcommComm_t comm, int withCredits) {
+  (void)withCredits;
+  if (!comm->cma || __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess) return 0;
+  for (int lane = 0; lane < comm->nLanes; lane++)
+    for (int i = 0; i < comm->nLocal; i++) {
+      int p = comm->localRanks[i];
+      gcommConn_t* c = &comm->sendConns[lane * comm->nranks + p];
+      uint64_t until = __atomic_load_n(&c->refUntil, __ATOMIC_RELAXED);
+      gcommStatus_t* st = gcommShmStatus(comm, p);
+      if (until > 0 && __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE) < until &&
+          __atomic_load_n(&st->code, __ATOMIC_ACQUIRE) == 0 && !st->finished)
+        return 1;
+    }
+  return 0;
+}
+
+static int refsMustPoll(gcommComm_t comm) {
+  return refsPending(comm, 0);
 }
 
 gcommStatus_t* gcommShmStatus(gcommComm_t comm, int rank) {
@@ -225,6 +455,7 @@ void gcommShmFree(gcommComm_t comm) {
   for (int p = 0; p < comm->nranks; p++)
     if (shm->maps[p] != NULL) munmap(shm->maps[p], shm->segBytes);
   free(shm->maps);
+  free(shm->sentRefs);
   free(shm);
   comm->shm = NULL;
 }
@@ -235,7 +466,9 @@ const gcommTransport_t gcommShmTransport = {
     .name = "shared memory",
     .connect = gcommShmConnect,
     .connectWhat = "shared-memory connection",
-    .connected = gcommShmUnlink, /* every rank has mapped every segment it needs */
+    .connected = shmConnected,
+    .pending = refsPending,
+    .mustPoll = refsMustPoll,
     .status = gcommShmStatus,
     .free = gcommShmFree,
 };
