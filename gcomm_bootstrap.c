@@ -4,6 +4,7 @@
  */
 #define _GNU_SOURCE
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,6 +202,20 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
 }
 #endif
 
+/* How progress is driven where the user did not choose (GCOMM_PROXY_MODE, config.proxyMode): a
+ * host communicator whose process may run on one CPU only (bound to a core, as `mpiexec
+ * -bind-to core` does) has the caller drive it (poll), as MPI libraries do: a progress thread
+ * there only takes turns with the caller on that core, a context switch each time it wakes (2
+ * ranks bound on a 2-vCPU VM, every collective 8 B-4 KB: with the thread 0.6-4 us and outliers
+ * of 16-52, polled 0.5-1.9). Elsewhere the thread, which moves operations while the caller
+ * computes. */
+static void chooseProxyMode(gcommComm_t comm) {
+  cpu_set_t cpus;
+  if (comm->params.proxyModeChosen || comm->device >= 0) return;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && CPU_COUNT(&cpus) == 1)
+    comm->params.proxyMode = GCOMM_PROXY_POLL;
+}
+
 /* The build's transports, in setup order, before any of them makes anything: a failed setup
  * frees whatever each made (commFree). The network asks the core where a receive may land. */
 static void addTransports(gcommComm_t comm) {
@@ -384,6 +399,7 @@ gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
   addTransports(comm);
   GCOMM_CHECK(setupIdentity(comm, config, &hostId));
   GCOMM_CHECK(setupShape(comm, config, hostId));
+  chooseProxyMode(comm);
   GCOMM_CHECK(exchangeCards(comm, hostId));
   GCOMM_CHECK(checkShapeAgrees(comm, hostId));
   GCOMM_CHECK(connectTransports(comm));

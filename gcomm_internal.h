@@ -131,9 +131,10 @@ typedef struct {
 #endif
   /* GCOMM_PROFILER_PLUGIN, or NULL */
   const char* profilerPlugin;
-  /* whether the environment set GCOMM_NCHANNELS (or config.nChannels) and GCOMM_BUFFSIZE:
-   * defaults that depend on the communicator's shape then stay out of the way */
-  int nChannelsChosen, buffSizeChosen;
+  /* whether the environment set GCOMM_NCHANNELS (or config.nChannels), GCOMM_BUFFSIZE and
+   * GCOMM_PROXY_MODE (or config.proxyMode): defaults that depend on the communicator's shape then
+   * stay out of the way */
+  int nChannelsChosen, buffSizeChosen, proxyModeChosen;
 } gcommParams_t;
 #define GCOMM_SHM_COPY_SEND 1
 #define GCOMM_SHM_COPY_RECV 2

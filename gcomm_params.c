@@ -65,7 +65,9 @@ static const gcommParamDef_t paramTable[] = {
     {"GCOMM_BUFFSIZE", "1M", PARAM_SIZE, PARAM_AT(buffSize), NULL, 512, (int64_t)1 << 30,
      "bytes of one connection FIFO (8 slots)", SHARED},
     {"GCOMM_PROXY_MODE", "thread", PARAM_ENUM, PARAM_AT(proxyMode), gcommProxyModeNames, 0, 0,
-     "thread: a progress thread per communicator; poll: the caller drives progress", LOCAL},
+     "thread: a progress thread per communicator; poll: the caller drives progress (unset: poll "
+     "for a host communicator whose process may run on one CPU only)",
+     LOCAL},
     {"GCOMM_PROGRESS_APPENDOP_FREQ", "8", PARAM_INT, PARAM_AT(appendFreq), NULL, 1, 1 << 20,
      "progress passes between fetches of newly posted operations", LOCAL},
     {"GCOMM_PROXY_APPEND_BATCH_SIZE", "16", PARAM_INT, PARAM_AT(appendBatch), NULL, 1, 1 << 20,
@@ -207,19 +209,21 @@ static int paramSet(gcommParams_t* p, const gcommParamDef_t* d, const char* text
 /* Defaults, then the config's fields, then the environment (which wins). comm (for the
  * warnings) may be NULL. */
 void gcommParamsLoad(gcommParams_t* p, gcommComm_t comm, const gcommConfig_t* config) {
-  p->nChannelsChosen = p->buffSizeChosen = 0;
+  p->nChannelsChosen = p->buffSizeChosen = p->proxyModeChosen = 0;
   for (int i = 0; i < NPARAMS; i++)
     if (paramTable[i].kind != PARAM_LOG) paramSet(p, &paramTable[i], paramTable[i].defaultValue);
   if (config != NULL) {
     if (config->proxyMode != GCOMM_CONFIG_UNDEF_INT) p->proxyMode = config->proxyMode;
     if (config->nChannels != GCOMM_CONFIG_UNDEF_INT) p->nChannels = config->nChannels;
     p->nChannelsChosen = config->nChannels != GCOMM_CONFIG_UNDEF_INT;
+    p->proxyModeChosen = config->proxyMode != GCOMM_CONFIG_UNDEF_INT;
   }
   for (int i = 0; i < NPARAMS; i++) {
     const char* env = getenv(paramTable[i].name);
     if (env == NULL || paramTable[i].kind == PARAM_LOG) continue;
     if (paramTable[i].offset == PARAM_AT(nChannels)) p->nChannelsChosen = 1; /* even refused */
     if (paramTable[i].offset == PARAM_AT(buffSize)) p->buffSizeChosen = 1;
+    if (paramTable[i].offset == PARAM_AT(proxyMode)) p->proxyModeChosen = 1;
     if (paramSet(p, &paramTable[i], env) != 0)
       GCOMM_WARN(comm, "%s=\"%s\" is not valid (%s); using %s", paramTable[i].name, env,
                  paramTable[i].doc, paramTable[i].defaultValue);
@@ -471,8 +475,9 @@ const char* gcommGetErrorString(gcommResult_t result) {
 }
 
 const char* const gcommFuncNames[gcommNumFuncs] = {
-    "AllReduce", "Broadcast", "Reduce", "AllGather",  "ReduceScatter", "AllToAll", "Gather",
-    "Scatter",   "Send",      "Recv",   "AllGatherV", "AllToAllV",     "GatherV",  "ScatterV", "Copy"};
+    "AllReduce",  "Broadcast", "Reduce",  "AllGather", "ReduceScatter",
+    "AllToAll",   "Gather",    "Scatter", "Send",      "Recv",
+    "AllGatherV", "AllToAllV", "GatherV", "ScatterV",  "Copy"};
 const char* gcommFuncName(int func) {
   return (unsigned)func < gcommNumFuncs ? gcommFuncNames[func] : "?";
 }

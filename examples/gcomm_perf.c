@@ -108,7 +108,8 @@ static struct {
   int proxyMode;     /* GCOMM_PROXY_*, or -1 for gcomm's default */
   int separate;      /* several backends: one nccl-tests table each, not one side by side */
   int vskewed;       /* --vcounts skewed: the vector collectives' counts (see vCount) */
-} opt = {32 << 20, 32 << 20, 1 << 20, 1, 20, 5, 1, 1, -1, 0, gcommFloat, gcommSum, 0, 0, 0, -1, 0, 0};
+} opt = {32 << 20, 32 << 20,   1 << 20,  1, 20, 5, 1,  1, -1,
+         0,        gcommFloat, gcommSum, 0, 0,  0, -1, 0, 0};
 
 static const char* const opNames[gcommNumOps] = {"sum", "prod", "max", "min", "avg"};
 static const char* const backendNames[NUM_BACKENDS] = {"gcomm", "mpi", "nccl"};
@@ -650,7 +651,8 @@ static const char* proxyDescription(void) {
   if (env && *env)
     return strcmp(env, "poll") == 0 ? "poll mode (GCOMM_PROXY_MODE)"
                                     : "proxy thread (GCOMM_PROXY_MODE)";
-  return opt.proxyMode == GCOMM_PROXY_POLL ? "poll mode" : "proxy thread";
+  if (opt.proxyMode >= 0) return opt.proxyMode == GCOMM_PROXY_POLL ? "poll mode" : "proxy thread";
+  return "default progress (thread; polled where bound to one CPU)";
 }
 
 static void gcDescribe(char* buf, size_t n) {

@@ -6,7 +6,9 @@
  * expected result MPI_Allreduce computes on the matching MPI communicator (for splits, the one
  * MPI_Comm_split gives for the same color and key).
  */
+#define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 
 #include "test/testlib.h"
 
@@ -254,6 +256,26 @@ static void testProxyMode(gcommComm_t comm, int expectThread, const char* what) 
            expectThread ? "a send progresses while its rank is away" : "a send waits for its rank");
 }
 
+/* Whether this process may run on more than one CPU: the default mode is the thread then, else
+ * the caller polls. */
+static int mayRunOnSeveralCpus(void) {
+  cpu_set_t cpus;
+  return sched_getaffinity(0, sizeof(cpus), &cpus) != 0 || CPU_COUNT(&cpus) > 1;
+}
+
+/* The default on one CPU: this process bound to the CPU it runs on (as `mpiexec -bind-to core`
+ * binds it) while the communicator is made, then its CPUs given back. */
+static gcommComm_t commOnOneCpu(void) {
+  cpu_set_t all, one;
+  if (sched_getaffinity(0, sizeof(all), &all) != 0) return NULL;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+  if (sched_setaffinity(0, sizeof(one), &one) != 0) return NULL;
+  gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, "", -1);
+  sched_setaffinity(0, sizeof(all), &all);
+  return comm;
+}
+
 static void testProxyModes(void) {
   if (tlNranks < 2) return;
   static const struct {
@@ -261,7 +283,8 @@ static void testProxyModes(void) {
     const char* env;
     int config, thread;
   } cases[] = {
-      {"default", "", -1, 1},
+      {"default", "", -1, -1},
+      {"default bound to one CPU", NULL, -1, 0},
       {"config poll", "", GCOMM_PROXY_POLL, 0},
       {"config thread", "", GCOMM_PROXY_THREAD, 1},
       {"GCOMM_PROXY_MODE=poll", "GCOMM_PROXY_MODE=poll", -1, 0},
@@ -269,16 +292,19 @@ static void testProxyModes(void) {
       {"GCOMM_PROXY_MODE=poll over config thread", "GCOMM_PROXY_MODE=poll", GCOMM_PROXY_THREAD, 0},
   };
   for (int i = 0; i < (int)(sizeof(cases) / sizeof(cases[0])); i++) {
-    gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, cases[i].env, cases[i].config);
-    if (!tlReport("comm proxy mode %s: init", cases[i].what)) continue;
-    testProxyMode(comm, cases[i].thread, cases[i].what);
+    gcommComm_t comm = cases[i].env ? tlCommInitEnv(MPI_COMM_WORLD, cases[i].env, cases[i].config)
+                                    : commOnOneCpu();
+    if (comm == NULL) tlFail("comm proxy mode %s: no communicator", cases[i].what);
+    if (!tlReport("comm proxy mode %s: init", cases[i].what) || comm == NULL) continue;
+    int thread = cases[i].thread >= 0 ? cases[i].thread : mayRunOnSeveralCpus();
+    testProxyMode(comm, thread, cases[i].what);
     /* A split with config NULL inherits the mode. */
     gcommComm_t sub = NULL;
     TL_OK(comm, gcommCommSplit(comm, 0, tlRank, &sub, NULL));
     if (tlReport("comm proxy mode %s: split", cases[i].what)) {
       char what[96];
       snprintf(what, sizeof(what), "%s, inherited by a split", cases[i].what);
-      testProxyMode(sub, cases[i].thread, what);
+      testProxyMode(sub, thread, what);
     }
     tlCommDestroy(sub);
     tlCommDestroy(comm);
