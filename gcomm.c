@@ -218,6 +218,14 @@ gcommResult_t gcommGroupEnd(void) {
     .root = (ROOT), .peer = (PEER)                                                              \
   }
 
+/* A collective that may move as its vector form's parts (gcommByParts) instead of its schedule. */
+static gcommResult_t enqueueColl(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
+                                 const char* where) {
+  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
+  if (gcommByParts(comm, args)) return gcommCollParts(comm, args, stream, where);
+  return gcommEnqueue(comm, args, stream, where);
+}
+
 gcommResult_t gcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                              gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,
                              gcommStream_t stream) {
@@ -250,21 +258,19 @@ gcommResult_t gcommReduceScatter(const void* sendbuff, void* recvbuff, size_t re
 gcommResult_t gcommAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                             gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
   gcommOp_t a = OP_ARGS(gcommFuncAllToAll, sendbuff, recvbuff, count, datatype, 0, 0, -1);
-  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, __func__));
-  if (gcommAllToAllByParts(comm, &a)) return gcommAllToAllParts(comm, &a, stream, __func__);
-  return gcommEnqueue(comm, &a, stream, __func__);
+  return enqueueColl(comm, &a, stream, __func__);
 }
 gcommResult_t gcommGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                           gcommDataType_t datatype, int root, gcommComm_t comm,
                           gcommStream_t stream) {
   gcommOp_t a = OP_ARGS(gcommFuncGather, sendbuff, recvbuff, sendcount, datatype, 0, root, -1);
-  return gcommEnqueue(comm, &a, stream, __func__);
+  return enqueueColl(comm, &a, stream, __func__);
 }
 gcommResult_t gcommScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                            gcommDataType_t datatype, int root, gcommComm_t comm,
                            gcommStream_t stream) {
   gcommOp_t a = OP_ARGS(gcommFuncScatter, sendbuff, recvbuff, recvcount, datatype, 0, root, -1);
-  return gcommEnqueue(comm, &a, stream, __func__);
+  return enqueueColl(comm, &a, stream, __func__);
 }
 gcommResult_t gcommSend(const void* sendbuff, size_t count, gcommDataType_t datatype, int peer,
                         gcommComm_t comm, gcommStream_t stream) {

@@ -191,16 +191,16 @@ int gcommRefOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t 
 int gcommWorkMayStart(gcommComm_t comm, gcommWork_t* w);
 
 /* ---- gcomm_vcoll.c ---- */
-/* An AllToAll (of a communicator that passed gcommEnqueueCheck), its arguments checked as an
- * AllToAll's, enqueued as AllToAllV's parts (equal blocks). */
-gcommResult_t gcommAllToAllParts(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
-                                 const char* where);
+/* An AllToAll, Gather or Scatter (of a communicator that passed gcommEnqueueCheck), its arguments
+ * checked as its own, enqueued as its vector form's parts (equal blocks). */
+gcommResult_t gcommCollParts(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
+                             const char* where);
 
 /* ---- gcomm_tuning.c ---- */
 int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes);
 int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto, int nParts);
 int gcommChooseProto(gcommComm_t comm, int func, int algo, size_t bytes, int nParts);
-int gcommAllToAllByParts(gcommComm_t comm, const gcommOp_t* args);
+int gcommByParts(gcommComm_t comm, const gcommOp_t* args);
 void gcommTuningPrint(gcommComm_t comm);
 
 /* ---- gcomm_bootstrap.c ---- */

@@ -129,18 +129,21 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   return best;
 }
 
-/* Whether an AllToAll moves as point-to-point parts (gcommAllToAllParts: a send and a receive a
- * peer and the copy of the rank's own block, each in blocks of its own, all at once) instead of its
- * schedule, whose channels send, copy and receive one after another. On GPUs whose kernels move
- * every FIFO (2 H100, nccl-tests with graphs: 64 B 4.1 us against 6.2, 2 MB 13.9 against 18.7,
- * docs/PERF.md); the host's copy loops gain nothing from it (16 ranks on 32 cores: level or
- * behind). Out of place only: in place the schedule's sends come first in each channel, so a
- * block is read before the peer's lands on it; in place must then be every rank's choice or none,
- * as MPI_IN_PLACE is (gcomm.h). */
-int gcommAllToAllByParts(gcommComm_t comm, const gcommOp_t* args) {
+/* Whether an AllToAll, Gather or Scatter moves as point-to-point parts (gcommCollParts: a send and
+ * a receive a pair, the copy of the rank's own block, each in blocks of its own, all at once)
+ * instead of its schedule, whose channels run a rank's sends, copy and receives one after another.
+ * On GPUs whose kernels move every FIFO (2 H100, nccl-tests with graphs: all-to-all 64 B 4.1 us
+ * against 6.2, 2 MB 13.9 against 18.7, docs/PERF.md); the host's copy loops gain nothing from it
+ * (all-to-all, 16 ranks on 32 cores: level or behind). An AllToAll out of place only: in place
+ * the schedule's sends come first in each channel, so a block is read before the peer's lands on
+ * it; in place must then be every rank's choice or none, as MPI_IN_PLACE is (gcomm.h). A root's
+ * own block in place does not move at all. */
+int gcommByParts(gcommComm_t comm, const gcommOp_t* args) {
 #ifdef GCOMM_GPU
-  return args->func == gcommFuncAllToAll && args->sendbuff != args->recvbuff && comm->device >= 0 &&
-         comm->nranks > 1 && !hasGpuProxy(comm) && !comm->sharedCopy;
+  int func = args->func;
+  if (func == gcommFuncAllToAll && args->sendbuff == args->recvbuff) return 0;
+  return (func == gcommFuncAllToAll || func == gcommFuncGather || func == gcommFuncScatter) &&
+         comm->device >= 0 && comm->nranks > 1 && !hasGpuProxy(comm) && !comm->sharedCopy;
 #else
   (void)comm, (void)args;
   return 0;

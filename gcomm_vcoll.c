@@ -1,6 +1,6 @@
 /*
- * gcomm_vcoll.c - the vector collectives: AllGatherV, AllToAllV, GatherV, ScatterV; and AllToAll
- * where it moves as AllToAllV's parts (gcommAllToAllByParts).
+ * gcomm_vcoll.c - the vector collectives: AllGatherV, AllToAllV, GatherV, ScatterV; and AllToAll,
+ * Gather and Scatter where they move as their vector forms' parts (gcommByParts).
  *
  * Every rank's block has its own size, so the fixed-chunk schedules of gcomm_sched.h (which both
  * executors, host and GPU, compute from one count) do not fit. A vector collective is the direct
@@ -187,21 +187,6 @@ gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, con
               gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncAllToAllV, 0, stream, __func__));
 }
 
-gcommResult_t gcommAllToAllParts(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
-                                 const char* where) {
-  VCall v;
-  GCOMM_CHECK(gcommCheckArgs(comm, args, where));
-  GCOMM_CHECK(vBegin(&v, comm, args->datatype, 0, 0, stream, where));
-  int n = comm->nranks;
-  size_t* blocks = malloc(2 * (size_t)n * sizeof(size_t)); /* counts, then displacements */
-  if (blocks == NULL)
-    return vEnd(&v, gcommSetError(comm, gcommSystemError, -1, where, "out of memory"));
-  for (int p = 0; p < n; p++) blocks[p] = args->count, blocks[n + p] = p * args->count;
-  vExchange(&v, args->sendbuff, blocks, blocks + n, args->recvbuff, blocks, blocks + n);
-  free(blocks);
-  return vEnd(&v, gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncAllToAll, 0, stream, where));
-}
-
 /* Root's side of GatherV (gather) or ScatterV: its own block `own` (ownCount elements: GatherV's
  * input, ScatterV's output) and every rank's block in `all` at displs (the other buffer). */
 static gcommResult_t vRoot(VCall* v, int gather, const void* own, size_t ownCount, const void* all,
@@ -227,6 +212,33 @@ static gcommResult_t vRoot(VCall* v, int gather, const void* own, size_t ownCoun
     vPart(v, gather ? gcommFuncRecv : gcommFuncSend, vAt(all, displs[p], v->esz), counts[p], p);
   }
   return gcommSuccess;
+}
+
+gcommResult_t gcommCollParts(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
+                             const char* where) {
+  VCall v;
+  GCOMM_CHECK(gcommCheckArgs(comm, args, where));
+  int hasRoot = args->func != gcommFuncAllToAll, isRoot = hasRoot && comm->rank == args->root;
+  GCOMM_CHECK(vBegin(&v, comm, args->datatype, args->root, hasRoot, stream, where));
+  int n = comm->nranks;
+  size_t* blocks = malloc(2 * (size_t)n * sizeof(size_t)); /* counts, then displacements */
+  if (blocks == NULL)
+    return vEnd(&v, gcommSetError(comm, gcommSystemError, -1, where, "out of memory"));
+  for (int p = 0; p < n; p++) blocks[p] = args->count, blocks[n + p] = p * args->count;
+  gcommResult_t res = gcommSuccess;
+  if (args->func == gcommFuncAllToAll)
+    vExchange(&v, args->sendbuff, blocks, blocks + n, args->recvbuff, blocks, blocks + n);
+  else if (isRoot && args->func == gcommFuncGather)
+    res = vRoot(&v, 1, args->sendbuff, args->count, args->recvbuff, blocks, blocks + n);
+  else if (isRoot)
+    res = vRoot(&v, 0, args->recvbuff, args->count, args->sendbuff, blocks, blocks + n);
+  else
+    vPart(&v, args->func == gcommFuncGather ? gcommFuncSend : gcommFuncRecv,
+          args->func == gcommFuncGather ? args->sendbuff : args->recvbuff, args->count, args->root);
+  free(blocks);
+  if (res == gcommSuccess)
+    res = gcommEnqueueParts(comm, v.parts, v.nParts, args->func, 0, stream, where);
+  return vEnd(&v, res);
 }
 
 gcommResult_t gcommGatherV(const void* sendbuff, size_t sendcount, void* recvbuff,
