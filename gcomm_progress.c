@@ -660,7 +660,14 @@ static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int d
     if (now >= probeAt) {
       probeAt = now + 50000000;
       gcommResult_t res = gcommDeadPeerResult(comm, "gcommWait");
-      if (res != gcommSuccess) return res;
+      if (res != gcommSuccess) {
+        if (poll) { /* the stop reaches other nodes in a pass: in poll mode, this thread's */
+          pthread_mutex_lock(&comm->progressLock);
+          (void)gcommProgressPass(comm);
+          pthread_mutex_unlock(&comm->progressLock);
+        }
+        return res;
+      }
     }
     if (now > deadline)
       return gcommSetError(

@@ -132,8 +132,8 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
 /* Whether an AllToAll, Gather or Scatter moves as point-to-point parts (gcommCollParts: a send and
  * a receive a pair, the copy of the rank's own block, each in blocks of its own, all at once)
  * instead of its schedule, whose channels run a rank's sends, copy and receives one after another.
- * On GPUs whose kernels move every FIFO (2 H100, nccl-tests with graphs: all-to-all 64 B 4.1 us
- * against 6.2, 2 MB 13.9 against 18.7, docs/PERF.md); the host's copy loops gain nothing from it
+ * On GPUs whose kernels move every FIFO (2 H100, nccl-tests with graphs: all-to-all 32 B 4.1 us
+ * against 6.1, 2 MB 14.0 against 18.6, docs/PERF.md); the host's copy loops gain nothing from it
  * (all-to-all, 16 ranks on 32 cores: level or behind). An AllToAll out of place only: in place
  * the schedule's sends come first in each channel, so a block is read before the peer's lands on
  * it; in place must then be every rank's choice or none, as MPI_IN_PLACE is (gcomm.h). A root's
