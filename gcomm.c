@@ -247,7 +247,7 @@ gcommResult_t gcommReduce(const void* sendbuff, void* recvbuff, size_t count,
 gcommResult_t gcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                              gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
   gcommOp_t a = OP_ARGS(gcommFuncAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0, -1);
-  return gcommEnqueue(comm, &a, stream, __func__);
+  return enqueueColl(comm, &a, stream, __func__);
 }
 gcommResult_t gcommReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                  gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,

@@ -142,7 +142,8 @@ int gcommByParts(gcommComm_t comm, const gcommOp_t* args) {
 #ifdef GCOMM_GPU
   int func = args->func;
   if (func == gcommFuncAllToAll && args->sendbuff == args->recvbuff) return 0;
-  return (func == gcommFuncAllToAll || func == gcommFuncGather || func == gcommFuncScatter) &&
+  return (func == gcommFuncAllGather || func == gcommFuncAllToAll || func == gcommFuncGather ||
+          func == gcommFuncScatter) &&
          comm->device >= 0 && comm->nranks > 1 && !hasGpuProxy(comm) && !comm->sharedCopy;
 #else
   (void)comm, (void)args;

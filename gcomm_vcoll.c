@@ -1,6 +1,6 @@
 /*
- * gcomm_vcoll.c - the vector collectives: AllGatherV, AllToAllV, GatherV, ScatterV; and AllToAll,
- * Gather and Scatter where they move as their vector forms' parts (gcommByParts).
+ * gcomm_vcoll.c - the vector collectives: AllGatherV, AllToAllV, GatherV, ScatterV; and AllGather,
+ * AllToAll, Gather and Scatter where they move as their vector forms' parts (gcommByParts).
  *
  * Every rank's block has its own size, so the fixed-chunk schedules of gcomm_sched.h (which both
  * executors, host and GPU, compute from one count) do not fit. A vector collective is the direct
@@ -108,7 +108,7 @@ static gcommResult_t vBlocks(VCall* v, const char* countsName, const size_t* cou
 }
 
 /* An all-to-all's parts: the rank's own block copied, then a send to and a receive from each peer,
- * starting with the next rank (the pairs spread out). */
+ * starting with the next rank (so that the pairs spread out). */
 static void vExchange(VCall* v, const void* sendbuff, const size_t* sendcounts,
                       const size_t* sdispls, void* recvbuff, const size_t* recvcounts,
                       const size_t* rdispls) {
@@ -118,6 +118,20 @@ static void vExchange(VCall* v, const void* sendbuff, const size_t* sendcounts,
     int p = (r + i) % n;
     vPart(v, gcommFuncSend, vAt(sendbuff, sdispls[p], v->esz), sendcounts[p], p);
     vPart(v, gcommFuncRecv, vAt(recvbuff, rdispls[p], v->esz), recvcounts[p], p);
+  }
+}
+
+/* An all-gather's parts: the rank's own block copied (unless it is in place), then sendbuff sent
+ * to each peer and each peer's block received, starting with the next rank. */
+static void vAllGather(VCall* v, const void* sendbuff, size_t sendcount, void* recvbuff,
+                       const size_t* recvcounts, const size_t* displs) {
+  int n = v->comm->nranks, r = v->comm->rank;
+  if (sendbuff != vAt(recvbuff, displs[r], v->esz))
+    vCopy(v, sendbuff, vAt(recvbuff, displs[r], v->esz), sendcount);
+  for (int i = 1; i < n; i++) {
+    int p = (r + i) % n;
+    vPart(v, gcommFuncSend, sendbuff, sendcount, p);
+    vPart(v, gcommFuncRecv, vAt(recvbuff, displs[p], v->esz), recvcounts[p], p);
   }
 }
 
@@ -157,12 +171,7 @@ gcommResult_t gcommAllGatherV(const void* sendbuff, size_t sendcount, void* recv
   if (res == gcommSuccess && !inPlace)
     res = vNoOverlap(&v, sendbuff, sendcount * v.esz, recvbuff, extent);
   if (res != gcommSuccess) return vEnd(&v, res);
-  if (!inPlace) vCopy(&v, sendbuff, vAt(recvbuff, displs[r], v.esz), sendcount);
-  for (int i = 1; i < n; i++) {
-    int p = (r + i) % n; /* each rank starts with its next neighbour: the pairs spread out */
-    vPart(&v, gcommFuncSend, sendbuff, sendcount, p);
-    vPart(&v, gcommFuncRecv, vAt(recvbuff, displs[p], v.esz), recvcounts[p], p);
-  }
+  vAllGather(&v, sendbuff, sendcount, recvbuff, recvcounts, displs);
   return vEnd(&v, gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncAllGatherV,
                                     hashCounts(recvcounts, n), stream, __func__));
 }
@@ -226,7 +235,9 @@ gcommResult_t gcommCollParts(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
     return vEnd(&v, gcommSetError(comm, gcommSystemError, -1, where, "out of memory"));
   for (int p = 0; p < n; p++) blocks[p] = args->count, blocks[n + p] = p * args->count;
   gcommResult_t res = gcommSuccess;
-  if (args->func == gcommFuncAllToAll)
+  if (args->func == gcommFuncAllGather)
+    vAllGather(&v, args->sendbuff, args->count, args->recvbuff, blocks, blocks + n);
+  else if (args->func == gcommFuncAllToAll)
     vExchange(&v, args->sendbuff, blocks, blocks + n, args->recvbuff, blocks, blocks + n);
   else if (isRoot && args->func == gcommFuncGather)
     res = vRoot(&v, 1, args->sendbuff, args->count, args->recvbuff, blocks, blocks + n);
