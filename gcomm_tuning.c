@@ -129,22 +129,25 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   return best;
 }
 
-/* Whether an AllToAll, Gather or Scatter moves as point-to-point parts (gcommCollParts: a send and
- * a receive a pair, the copy of the rank's own block, each in blocks of its own, all at once)
- * instead of its schedule, whose channels run a rank's sends, copy and receives one after another.
- * On GPUs whose kernels move every FIFO (2 H100, nccl-tests with graphs: all-to-all 32 B 4.1 us
- * against 6.1, 2 MB 14.0 against 18.6, docs/PERF.md); the host's copy loops gain nothing from it
- * (all-to-all, 16 ranks on 32 cores: level or behind). An AllToAll out of place only: in place
- * the schedule's sends come first in each channel, so a block is read before the peer's lands on
- * it; in place must then be every rank's choice or none, as MPI_IN_PLACE is (gcomm.h). A root's
- * own block in place does not move at all. */
+/* Whether an AllGather, AllToAll, Gather or Scatter moves as point-to-point parts (gcommCollParts:
+ * a send and a receive a pair, the copy of the rank's own block, each in blocks of its own, all at
+ * once) instead of its schedule, whose channels run a rank's steps one after another: the ring's
+ * n-1 hops, or the root's n-1 receives (sends). On GPUs whose kernels move every FIFO (nccl-tests
+ * with graphs, docs/PERF.md: 4 H100, gather 8 B 3.2 us against 7.7, all-gather 8 B 4.2 against
+ * 8.4; 2 H100, all-to-all 2 MB 14.0 against 18.6). AllGather from 3 ranks: with 2 the ring is one
+ * hop already, and its channels move 512 KB faster than a part's share (2 H100: 7.4 against 9.3
+ * us). The host's copy loops gain nothing from parts (all-to-all, 16 ranks on 32 cores: level or
+ * behind). An AllToAll out of place only: in place the schedule's sends come first in each
+ * channel, so a block is read before the peer's lands on it; in place must then be every rank's
+ * choice or none, as MPI_IN_PLACE is (gcomm.h). */
 int gcommByParts(gcommComm_t comm, const gcommOp_t* args) {
 #ifdef GCOMM_GPU
-  int func = args->func;
+  int func = args->func, n = comm->nranks;
   if (func == gcommFuncAllToAll && args->sendbuff == args->recvbuff) return 0;
+  if (func == gcommFuncAllGather && n <= 2) return 0;
   return (func == gcommFuncAllGather || func == gcommFuncAllToAll || func == gcommFuncGather ||
           func == gcommFuncScatter) &&
-         comm->device >= 0 && comm->nranks > 1 && !hasGpuProxy(comm) && !comm->sharedCopy;
+         comm->device >= 0 && n > 1 && !hasGpuProxy(comm) && !comm->sharedCopy;
 #else
   (void)comm, (void)args;
   return 0;
