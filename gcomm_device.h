@@ -120,6 +120,7 @@ typedef struct {
    * mediumKernel), and start its prologue while the previous launch on the stream runs
    * (programmatic dependent launch: gcommComm.launchOverlap) */
   int smallKernel, mediumKernel, overlap;
+  int nThreads; /* threads a block: GCOMM_DEV_THREADS, or fewer in whole warps (at least 64) */
   uint16_t first[GCOMM_DEV_MAX_WORKS + 1];
   gcommDevWork_t works[GCOMM_DEV_MAX_WORKS];
 } gcommDevLaunch_t;

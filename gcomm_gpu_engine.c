@@ -172,6 +172,38 @@ static gcommResult_t markLaunch(gcommComm_t comm, cudaStream_t stream) {
   return gcommSuccess;
 }
 
+/* A launch's blocks run whole warps (AMD: wavefronts of 64). At least 64 threads: one warp
+ * waits out each load alone: on 2 H100 with graphs 32 threads were 0.1-0.4 us slower than 64 (8 B
+ * all-reduce 4.9 us against 4.6; 128 level with 64). */
+#ifdef GCOMM_HIP
+#define LAUNCH_WARP 64
+#else
+#define LAUNCH_WARP 32
+#endif
+#define LAUNCH_MIN_THREADS 64
+
+/* Threads a block of a small LL launch runs: as many as its largest step has lines (a line a
+ * thread), and one for the header lines, in whole warps. Every thread runs each step's bookkeeping
+ * (the FIFO positions, the step's pointers, two barriers), and a block's warps share the SM's four
+ * schedulers: with 512 threads that bookkeeping took ~0.3-0.5 us a step where the data was a
+ * line (clock stamps of one block), and 64 threads save 0.3-0.6 us a call (2 H100, nccl-tests with
+ * graphs, 8 B: all-reduce 5.1 -> 4.6 us, broadcast 3.2 -> 2.8, send/recv 4.1 -> 3.7; docs/PERF.md).
+ * Any other launch: GCOMM_DEV_THREADS. */
+static int launchThreads(gcommComm_t comm, const gcommDevLaunch_t* a) {
+  if (!comm->smallKernel || a->nWorks > GCOMM_DEV_SMALL_WORKS) return GCOMM_DEV_THREADS;
+  size_t lines = 0;
+  for (int i = 0; i < a->nWorks; i++) {
+    const gcommDevWork_t* w = &a->works[i];
+    if (w->proto != gcommProtoLL) return GCOMM_DEV_THREADS;
+    size_t count = w->sched.chunk < w->sched.chanCount ? w->sched.chunk : w->sched.chanCount;
+    size_t l = gcommDivUp(count * gcommTypeSize(w->datatype), 8);
+    if (l > lines) lines = l;
+  }
+  size_t threads = gcommDivUp(lines + 1, LAUNCH_WARP) * LAUNCH_WARP;
+  if (threads < LAUNCH_MIN_THREADS) threads = LAUNCH_MIN_THREADS;
+  return threads < GCOMM_DEV_THREADS ? (int)threads : GCOMM_DEV_THREADS;
+}
+
 static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* stream) {
   struct gcommDev* d = comm->dev;
   if (a->nWorks == 0) return gcommSuccess;
@@ -181,6 +213,7 @@ static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* st
   a->smallKernel = comm->smallKernel;
   a->mediumKernel = comm->mediumKernel;
   a->overlap = comm->launchOverlap;
+  a->nThreads = launchThreads(comm, a);
   a->times =
       d->prof && GCOMM_PROF_ON(comm, gcommProfileKernelCh) ? gcommGpuProfTake(comm, a) : NULL;
   if (proxied(d)) *hostWaiting(d) = 1; /* the proxy is about to be needed */

@@ -896,7 +896,7 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
     attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(src->nBlocks);
-    cfg.blockDim = dim3(GCOMM_DEV_THREADS);
+    cfg.blockDim = dim3(src->nThreads);
     cfg.dynamicSmemBytes = cache;
     cfg.stream = (cudaStream_t)stream;
     cfg.attrs = &attr;
@@ -904,7 +904,7 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
     return (int)cudaLaunchKernelEx(&cfg, gcommKernel<W, LL_ONLY>, k);
   }
 #endif
-  gcommKernel<W, LL_ONLY><<<src->nBlocks, GCOMM_DEV_THREADS, cache, (cudaStream_t)stream>>>(k);
+  gcommKernel<W, LL_ONLY><<<src->nBlocks, src->nThreads, cache, (cudaStream_t)stream>>>(k);
   return (int)cudaGetLastError();
 }
 
