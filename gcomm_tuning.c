@@ -93,13 +93,15 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
 #endif
   if (comm->params.algo >= 0) return gcommSchedAlgo(func, comm->params.algo);
 #ifdef GCOMM_GPU
-  /* GPUs (measured on 2 H200s, docs/PERF.md): the one-shot all-reduce (one hop) wins while each
-   * rank's (n-1) copies stay small, up to 2 MB of them with Simple, 256 KB with LL (beyond, LL's
-   * ring is faster: 512 KB 9.8 us against 10.6, 2 MB 21.9 against 26.2); elsewhere the ring. */
+  /* GPUs (docs/PERF.md): the one-shot all-reduce (one hop) wins while each rank's (n-1) copies
+   * stay small, up to 2 MB of them with Simple, 384 KB with LL (2 H200: LL's ring is faster at
+   * 512 KB, 9.8 us against 10.6, and 2 MB, 21.9 against 26.2; 4 H100, nccl-tests with graphs, the
+   * one-shot ahead at 128 KB, 384 KB of copies: 12.4 us against the ring's 16.3, behind at 512
+   * KB: 23.9 against 18.4); elsewhere the ring. */
   if (comm->device >= 0) {
     int ll = gcommChooseProto(comm, func, gcommAlgoRing, bytes, 0) == gcommProtoLL;
     size_t copies = bytes * (size_t)(comm->nranks - 1);
-    int small = func == gcommFuncAllReduce && copies <= (ll ? 256u << 10 : 2u << 20);
+    int small = func == gcommFuncAllReduce && copies <= (ll ? 384u << 10 : 2u << 20);
     return gcommSchedAlgo(func, small ? gcommAlgoDirect : gcommAlgoRing);
   }
 #endif
