@@ -191,8 +191,8 @@ int gcommRefOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t 
 int gcommWorkMayStart(gcommComm_t comm, gcommWork_t* w);
 
 /* ---- gcomm_vcoll.c ---- */
-/* An AllToAll, Gather or Scatter (of a communicator that passed gcommEnqueueCheck), its arguments
- * checked as its own, enqueued as its vector form's parts (equal blocks). */
+/* An AllGather, AllToAll, Gather or Scatter (of a communicator that passed gcommEnqueueCheck), its
+ * arguments checked as its own, enqueued as its vector form's parts (equal blocks). */
 gcommResult_t gcommCollParts(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                              const char* where);
 
