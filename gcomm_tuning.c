@@ -145,11 +145,10 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
 int gcommByParts(gcommComm_t comm, const gcommOp_t* args) {
 #ifdef GCOMM_GPU
   int func = args->func, n = comm->nranks;
-  if (func == gcommFuncAllToAll && args->sendbuff == args->recvbuff) return 0;
-  if (func == gcommFuncAllGather && n <= 2) return 0;
-  return (func == gcommFuncAllGather || func == gcommFuncAllToAll || func == gcommFuncGather ||
-          func == gcommFuncScatter) &&
-         comm->device >= 0 && n > 1 && !hasGpuProxy(comm) && !comm->sharedCopy;
+  int fits = func == gcommFuncGather || func == gcommFuncScatter ||
+             (func == gcommFuncAllGather && n > 2) ||
+             (func == gcommFuncAllToAll && args->sendbuff != args->recvbuff);
+  return fits && comm->device >= 0 && n > 1 && !hasGpuProxy(comm) && !comm->sharedCopy;
 #else
   (void)comm, (void)args;
   return 0;
