@@ -56,9 +56,9 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int nParts) {
     return op;
   }
   size_t align = esz >= 16 ? 1 : 16 / esz;
-  size_t slotPayload = proto == gcommProtoLL ? GCOMM_LL_SLOT_PAYLOAD : comm->slotBytes;
-  size_t chunk = (slotPayload / esz) / align * align;
   size_t per = gcommDivUp(gcommDivUp(args->count, nch), align) * align;
+  size_t step = gcommChooseStepBytes(comm, args->func, proto, nParts, per * esz);
+  size_t chunk = (step / esz) / align * align;
   for (int c = 0; c < nch; c++) {
     size_t off = per * c;
     if (off >= args->count) break;

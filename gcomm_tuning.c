@@ -215,6 +215,25 @@ int gcommChooseProto(gcommComm_t comm, int func, int algo, size_t bytes, int nPa
   return gcommProtoSimple;
 }
 
+/* The most bytes a step of func moves when a channel's share is share bytes: a slot's payload,
+ * except a GPU Send/Recv of its own (nParts 0) on one node, whose Simple steps are a quarter of
+ * the share, between a quarter slot (128 KB at the default GCOMM_BUFFSIZE) and a whole one: a
+ * channel then moves in at least four steps, the sender's writes of one overlapping the receiver's
+ * copy of the one before, where whole slots made a channel's share one step up to 32 MB (2 H100,
+ * nccl-tests send/recv with graphs: 16 MB 67.2 -> 62.3 us, 32 MB 129.2 -> 110.6, 64 MB 212.6 ->
+ * 202.3, 128-256 MB level; NCCL 61.1, 109.6, 201.6; docs/PERF.md). Quarter slots at every size
+ * made 256 MB slower, 755 -> 764 us: its 32 steps a channel each pay a step's cost. Every rank
+ * derives the same size for both ends of a pair. The parts of a vector collective keep whole
+ * slots: all-to-all with quarter slots was faster at 16-32 MB and slower at 64-128 MB. */
+size_t gcommChooseStepBytes(gcommComm_t comm, int func, int proto, int nParts, size_t share) {
+  if (proto == gcommProtoLL) return GCOMM_LL_SLOT_PAYLOAD;
+  int gpuPair = comm->device >= 0 && gcommIsPointToPoint(func) && func != gcommFuncCopy &&
+                nParts == 0 && !spansNodes(comm) && !copiesByEngine(comm);
+  size_t slot = comm->slotBytes, quarter = share / 4;
+  if (!gpuPair || quarter >= slot) return slot;
+  return quarter > slot / 4 ? quarter : slot / 4;
+}
+
 void gcommTuningPrint(gcommComm_t comm) {
   if (comm->rank != 0 || !gcommLogEnabled(GCOMM_LOG_INFO, GCOMM_SUBSYS_TUNING)) return;
   for (int f = 0; f <= gcommFuncReduceScatter; f++) {
