@@ -18,6 +18,14 @@
 #       MPIEXEC (default: $MPIEXEC_MPICH or mpiexec), NT_ARGS (default: sizes 8 B to 8 MB by 32x,
 #       5 iterations, every type and operator), NT_TIMEOUT (seconds per program, default 120),
 #       NT_PROGRAMS (default: all eleven), NT_NGPUS (GPUs the ranks may use; default: all).
+#   bash tools/nccl_tests.sh perf BINDIR GCOMM_LIBDIR NP [LOGDIR]
+#       On the GPU machine: times every program over gcomm and over NVIDIA's NCCL, float, sum, no
+#       data check, with CUDA graphs (-G 20) and with plain launches, RUNS times (default 2), the
+#       libraries taking turns program by program so that a machine that drifts slows both alike;
+#       appended to LOGDIR/perf-graphs.log and LOGDIR/perf-plain.log ("=== PROGRAM LIB G=..
+#       round=.." before each run; a later call adds its runs), then the tables of
+#       tools/nccl_tests_table.py over all of them. PERF_ARGS (default: -b 8 -e 8M
+#       -f 4 -n 40 -w 5; all-gather, reduce-scatter, all-to-all, gather and scatter from 32 B).
 # Exit status: 0 when every gcomm run passed and found no wrong value.
 set -uo pipefail
 PROGRAMS=${NT_PROGRAMS:-"all_reduce all_gather broadcast reduce_scatter reduce alltoall alltoallv scatter gather sendrecv hypercube"}
@@ -102,8 +110,42 @@ run() {
   [ "$fails" = 0 ]
 }
 
+# One timed run: PROG over LIB (gcomm or nccl) with graphs G, appended to LOG.
+perfOne() {
+  local lib=$1 libdir=$2 prog=$3 g=$4 round=$5 bindir=$6 np=$7 log=$8 args=${PERF_ARGS:--b 8 -e 8M -f 4 -n 40 -w 5}
+  case $prog in all_gather | reduce_scatter | alltoall | gather | scatter) args=${args/-b 8 /-b 32 } ;; esac
+  echo "=== $prog $lib G=$g round=$round" >> "$log"
+  # shellcheck disable=SC2086
+  LD_LIBRARY_PATH="$libdir:${LD_LIBRARY_PATH:-}" timeout -k 5 "${NT_TIMEOUT:-120}" \
+    $MPIEXEC -n "$np" stdbuf -oL "$bindir/${prog}_perf" $args -G "$g" -c 0 >> "$log" 2>&1
+}
+
+perf() {
+  local bindir=$1 libdir=$2 np=$3 logdir=${4:-nccl-tests-logs}
+  local progs=${NT_PROGRAMS:-"all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall gather scatter"}
+  MPIEXEC=${MPIEXEC:-${MPIEXEC_MPICH:-mpiexec}}
+  [ -n "${NCCL_HOME:-}" ] || { echo "NCCL_HOME: NVIDIA's NCCL, to time beside gcomm" >&2; return 1; }
+  mkdir -p "$logdir"
+  export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  for round in $(seq "${RUNS:-2}"); do
+    for prog in $progs; do
+      for g in 20 0; do
+        local log=$logdir/perf-graphs.log
+        [ "$g" = 0 ] && log=$logdir/perf-plain.log
+        perfOne gcomm "$libdir" "$prog" "$g" "$round" "$bindir" "$np" "$log"
+        perfOne nccl "$NCCL_HOME/lib" "$prog" "$g" "$round" "$bindir" "$np" "$log"
+      done
+    done
+  done
+  for mode in graphs plain; do
+    echo "## $mode"
+    python3 "$here/tools/nccl_tests_table.py" "$logdir/perf-$mode.log"
+  done
+}
+
 case "${1:-}" in
   build) shift; build "$@" ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,25p' "$0"; exit 2 ;;
+  perf) shift; perf "$@" ;;
+  *) sed -n '2,32p' "$0"; exit 2 ;;
 esac
