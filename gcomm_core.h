@@ -31,6 +31,16 @@ static inline char* opBuffer(const gcommOp_t* op, int which) {
 }
 
 /* Whether some ranks are on other nodes (the same answer on every rank). */
+/* Adds n to a counter that only the communicator's owner thread writes (gcommEnqueueCheck) and
+ * returns its old value: a load and a release store, not a locked read-modify-write, which waits
+ * for every store before it to reach the cache (the FIFO line just handed to a peer's core). Other
+ * threads (dumps, the progress thread's statistics, waits) only read it. */
+static inline uint64_t gcommOwnerAdd(uint64_t* counter, uint64_t n) {
+  uint64_t old = __atomic_load_n(counter, __ATOMIC_RELAXED);
+  __atomic_store_n(counter, old + n, __ATOMIC_RELEASE);
+  return old;
+}
+
 static inline int spansNodes(gcommComm_t comm) {
   return comm->nLocal < comm->nranks;
 }

@@ -48,7 +48,7 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int nParts) {
   op->algo = algo;
   op->proto = proto;
   op->nChannels = nch;
-  op->seq = isP2p ? 0 : __atomic_fetch_add(&comm->collSeq, 1, __ATOMIC_RELAXED); /* dumps read it */
+  op->seq = isP2p ? 0 : gcommOwnerAdd(&comm->collSeq, 1); /* dumps read it */
   op->tag = comm->params.checkMismatch ? gcommOpTag(op) : 0;
   /* one rank in place: nothing to move (no launch, no engine pass), unless PreMulSum scales */
   if (n == 1 && gcommIsInPlace(args, 0, esz) && args->redop != GCOMM_OP_PREMULSUM) {
@@ -165,11 +165,7 @@ gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stre
   gcommOp_t* op = buildOp(comm, args, 0);
   if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
   traceOp(comm, op);
-  if (op->nWorks == 0) { /* nothing to move (count 0): complete at once */
-    if (comm->device < 0) {
-      __atomic_add_fetch(&comm->opsPosted, 1, __ATOMIC_ACQ_REL);
-      __atomic_add_fetch(&comm->opsDone, 1, __ATOMIC_ACQ_REL);
-    }
+  if (op->nWorks == 0) { /* nothing to move (count 0): complete at once, posted and done alike */
     gcommOpRelease(comm, op);
     return gcommSuccess;
   }
@@ -183,7 +179,7 @@ gcommResult_t gcommEnqueueParts(gcommComm_t comm, gcommOp_t* parts, int n, int f
                                 uint64_t countsHash, gcommStream_t stream, const char* where) {
   GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
   for (int i = 0; i < n; i++) GCOMM_CHECK(gcommCheckArgs(comm, &parts[i], where));
-  uint64_t seq = __atomic_fetch_add(&comm->collSeq, 1, __ATOMIC_RELAXED);
+  uint64_t seq = gcommOwnerAdd(&comm->collSeq, 1);
   /* on a GPU, every part of the call in one launch: a vector collective has at most 2n - 1 parts
    * on a rank (a send and a receive a peer, the copy of its own block), and every rank caps them
    * alike, so that the two ends of a part still choose the same channels */

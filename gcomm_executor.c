@@ -254,7 +254,10 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
       if (c->refs) {
         c->refs[c->step % GCOMM_STEPS] = ref;
         c->refBatch[c->step % GCOMM_STEPS] = op->batch;
-        if (ref) __atomic_store_n(&c->refUntil, c->step + 1, __ATOMIC_RELAXED);
+        if (ref) {
+          __atomic_store_n(&comm->refsUsed, 1, __ATOMIC_RELAXED);
+          __atomic_store_n(&c->refUntil, c->step + 1, __ATOMIC_RELAXED);
+        }
       }
       /* the payload size and the call's tag (across nodes the tag travels as the message's
        * completion data, transports/net_ofi.c) */

@@ -518,6 +518,10 @@ struct gcommComm {
   /* host communicators: steps between ranks of this node may go by reference, the receiver
    * copying from the sender's memory (transports/shm.c, GCOMM_CMA); every rank alike */
   int cma;
+  /* atomic: 1 once any step has gone by reference (gcommConn_t.refs); until then no send reads
+   * the caller's memory, and the checks for such sends (gcommRefOverlaps, the shm transport's
+   * pending) need not look at every connection */
+  int refsUsed;
 #ifdef GCOMM_OFI
   struct gcommNet* net; /* transports/net_ofi.c; NULL when every rank is on one node */
 #endif
@@ -578,10 +582,13 @@ struct gcommComm {
   int revoked;
   uint64_t collSeq;
   /* One-work operation records (every small call's) kept for reuse instead of a calloc and a free
-   * a call: a stack that the threads finishing operations push on and only the owner pops
-   * (gcommOpAlloc), so a record cannot leave and come back between a pop's read and its swap. */
+   * a call: the threads finishing operations push them on opPool (atomic), and the owner takes
+   * the whole stack at once into opFree when its own list runs out (gcommOpAlloc), so that a call
+   * costs one locked instruction for its record, not four. opFree: the owner's, at most
+   * GCOMM_OP_POOL_MAX records (opFreeSize). */
   gcommOp_t* opPool;
-  int opPoolSize; /* atomic: records on the stack (at most GCOMM_OP_POOL_MAX) */
+  gcommOp_t* opFree;
+  int opFreeSize;
   /* The cost model's last choice for each function (owner thread only): a program repeats its
    * sizes, and the choice depends on nothing else that changes. bytesKey: bytes + 1, 0 none;
    * nParts: the parts of the call it was for (gcommChooseChannels). */

@@ -20,6 +20,7 @@ int gcommRangesMeet(const char* a, size_t alen, const char* b, size_t blen) {
  * peer's counter, that every such send is over. */
 int gcommRefOverlaps(gcommComm_t comm, int lane, const char* p, size_t len, int peerDone,
                      uint64_t doneBelow, uint64_t batch) {
+  if (!__atomic_load_n(&comm->refsUsed, __ATOMIC_RELAXED)) return -1;
   for (int q = 0; q < comm->nranks; q++) {
     gcommConn_t* c = sendConn(comm, lane, q);
     if (c->refs == NULL || c->refUntil + GCOMM_STEPS <= c->roomUntil) continue;
@@ -74,6 +75,7 @@ int gcommOpMayStart(gcommComm_t comm, gcommOp_t* op) {
  * have finished: the message goes out (or the local peer copies it) later. */
 int gcommRefOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t len,
                               uint64_t batch) {
+  if (!__atomic_load_n(&comm->refsUsed, __ATOMIC_RELAXED)) return 0;
   for (int l = 0; l < comm->nLanes; l++)
     if (l != lane && gcommRefOverlaps(comm, l, p, len, -1, 0, batch) >= 0) return 1;
   return 0;

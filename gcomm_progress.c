@@ -25,18 +25,33 @@ static void dumpSignalHandler(int sig) {
  * group of small operations in flight; more are freed). */
 #define GCOMM_OP_POOL_MAX 64
 
+/* Moves the records the finishing threads pushed into the owner's list, freeing what is beyond
+ * GCOMM_OP_POOL_MAX (a large group's records, once it has finished). */
+static void takePool(gcommComm_t comm) {
+  gcommOp_t* op = __atomic_exchange_n(&comm->opPool, NULL, __ATOMIC_ACQUIRE);
+  for (gcommOp_t* next; op != NULL; op = next) {
+    next = op->next;
+    if (comm->opFreeSize >= GCOMM_OP_POOL_MAX) {
+      free(op);
+      continue;
+    }
+    op->next = comm->opFree;
+    comm->opFree = op;
+    comm->opFreeSize++;
+  }
+}
+
 gcommOp_t* gcommOpAlloc(gcommComm_t comm, int nWorks) {
   size_t bytes = sizeof(gcommOp_t) + (size_t)nWorks * sizeof(gcommWork_t);
   if (nWorks > 1) return calloc(1, bytes);
-  gcommOp_t* op = __atomic_load_n(&comm->opPool, __ATOMIC_ACQUIRE);
-  while (op != NULL && !__atomic_compare_exchange_n(&comm->opPool, &op, op->next, 1,
-                                                    __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE)) {
-  }
+  if (comm->opFree == NULL) takePool(comm);
+  gcommOp_t* op = comm->opFree;
   if (op == NULL) {
     op = malloc(sizeof(gcommOp_t) + sizeof(gcommWork_t));
     if (op == NULL) return NULL;
   } else {
-    __atomic_sub_fetch(&comm->opPoolSize, 1, __ATOMIC_RELAXED);
+    comm->opFree = op->next;
+    comm->opFreeSize--;
   }
   memset(op, 0, bytes);
   op->pooled = 1;
@@ -48,11 +63,6 @@ void gcommOpRelease(gcommComm_t comm, gcommOp_t* op) {
     free(op);
     return;
   }
-  if (__atomic_add_fetch(&comm->opPoolSize, 1, __ATOMIC_RELAXED) > GCOMM_OP_POOL_MAX) {
-    __atomic_sub_fetch(&comm->opPoolSize, 1, __ATOMIC_RELAXED);
-    free(op);
-    return;
-  }
   op->next = __atomic_load_n(&comm->opPool, __ATOMIC_RELAXED);
   while (!__atomic_compare_exchange_n(&comm->opPool, &op->next, op, 1, __ATOMIC_RELEASE,
                                       __ATOMIC_RELAXED)) {
@@ -60,9 +70,10 @@ void gcommOpRelease(gcommComm_t comm, gcommOp_t* op) {
 }
 
 void gcommOpPoolFree(gcommComm_t comm) {
-  for (gcommOp_t *op = comm->opPool, *next; op != NULL; op = next) next = op->next, free(op);
-  comm->opPool = NULL;
-  comm->opPoolSize = 0;
+  takePool(comm);
+  for (gcommOp_t *op = comm->opFree, *next; op != NULL; op = next) next = op->next, free(op);
+  comm->opFree = NULL;
+  comm->opFreeSize = 0;
 }
 
 static void opFinished(gcommComm_t comm, gcommOp_t* op) {
@@ -552,7 +563,7 @@ static int runPosted(gcommComm_t comm, gcommOp_t* head) {
  * posts (gcommEnqueueCheck), so the posted list's emptiness cannot change under the caller. */
 gcommResult_t gcommPostOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, int n) {
   GCOMM_CHECK(gcommStartThread(comm));
-  __atomic_add_fetch(&comm->opsPosted, n, __ATOMIC_ACQ_REL);
+  gcommOwnerAdd(&comm->opsPosted, (uint64_t)n);
   comm->batches++;
   for (gcommOp_t* op = head; op != NULL; op = op->next) op->batch = comm->batches;
   int ran = runPosted(comm, head);

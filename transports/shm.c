@@ -411,7 +411,9 @@ gcommResult_t gcommShmReadRef(gcommComm_t comm, const gcommConn_t* c, void* to, 
  * rank that stopped (an error: a call that differs, say) or left reads nothing more. */
 static int refsPending(gcommComm_t comm, int withCredits) {
   (void)withCredits;
-  if (!comm->cma || __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess) return 0;
+  if (!comm->cma || !__atomic_load_n(&comm->refsUsed, __ATOMIC_ACQUIRE) ||
+      __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess)
+    return 0;
   for (int lane = 0; lane < comm->nLanes; lane++)
     for (int i = 0; i < comm->nLocal; i++) {
       int p = comm->localRanks[i];
