@@ -12,20 +12,10 @@ import argparse
 import collections
 import re
 
+from perf_table import parse_size, pretty as size_name
+
 ORDER = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "sendrecv",
          "alltoall", "gather", "scatter"]
-
-
-def parse_size(text):
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * mult[text[-1]] if text[-1] in mult else int(text)
-
-
-def size_name(size):
-    for unit, div in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if size >= div and size % div == 0:
-            return f"{size // div} {unit}"
-    return f"{size} B"
 
 
 def read_log(path):
