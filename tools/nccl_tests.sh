@@ -26,6 +26,8 @@
 #       round=.." before each run; a later call adds its runs), then the tables of
 #       tools/nccl_tests_table.py over all of them. PERF_ARGS (default: -b 8 -e 8M
 #       -f 4 -n 40 -w 5; all-gather, reduce-scatter, all-to-all, gather and scatter from 32 B).
+#       ALSO="NAME=LIBDIR ...": more builds of gcomm's libnccl.so.2 (a change against a base, say)
+#       timed in the same turns, each under its NAME (tools/nccl_tests_table.py --a NAME --b gcomm).
 # Exit status: 0 when every gcomm run passed and found no wrong value.
 set -uo pipefail
 PROGRAMS=${NT_PROGRAMS:-"all_reduce all_gather broadcast reduce_scatter reduce alltoall alltoallv scatter gather sendrecv hypercube"}
@@ -133,6 +135,9 @@ perf() {
         local log=$logdir/perf-graphs.log
         [ "$g" = 0 ] && log=$logdir/perf-plain.log
         perfOne gcomm "$libdir" "$prog" "$g" "$round" "$bindir" "$np" "$log"
+        for also in ${ALSO:-}; do
+          perfOne "${also%%=*}" "${also#*=}" "$prog" "$g" "$round" "$bindir" "$np" "$log"
+        done
         perfOne nccl "$NCCL_HOME/lib" "$prog" "$g" "$round" "$bindir" "$np" "$log"
       done
     done
