@@ -30,7 +30,6 @@ static inline char* opBuffer(const gcommOp_t* op, int which) {
   return NULL;
 }
 
-/* Whether some ranks are on other nodes (the same answer on every rank). */
 /* Adds n to a counter that only the communicator's owner thread writes (gcommEnqueueCheck) and
  * returns its old value: a load and a release store, not a locked read-modify-write, which waits
  * for every store before it to reach the cache (the FIFO line just handed to a peer's core). Other
@@ -41,6 +40,7 @@ static inline uint64_t gcommOwnerAdd(uint64_t* counter, uint64_t n) {
   return old;
 }
 
+/* Whether some ranks are on other nodes (the same answer on every rank). */
 static inline int spansNodes(gcommComm_t comm) {
   return comm->nLocal < comm->nranks;
 }

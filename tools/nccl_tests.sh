@@ -112,7 +112,8 @@ run() {
   [ "$fails" = 0 ]
 }
 
-# One timed run: PROG over LIB (gcomm or nccl) with graphs G, appended to LOG.
+# One timed run: PROG over the library LIB (gcomm, nccl or an ALSO name) in LIBDIR with graphs G,
+# appended to LOG.
 perfOne() {
   local lib=$1 libdir=$2 prog=$3 g=$4 round=$5 bindir=$6 np=$7 log=$8 args=${PERF_ARGS:--b 8 -e 8M -f 4 -n 40 -w 5}
   case $prog in all_gather | reduce_scatter | alltoall | gather | scatter) args=${args/-b 8 /-b 32 } ;; esac
@@ -152,5 +153,5 @@ case "${1:-}" in
   build) shift; build "$@" ;;
   run) shift; run "$@" ;;
   perf) shift; perf "$@" ;;
-  *) sed -n '2,32p' "$0"; exit 2 ;;
+  *) sed -n '2,31p' "$0"; exit 2 ;;
 esac
