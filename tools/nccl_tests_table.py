@@ -30,7 +30,8 @@ def read_log(path):
                 key = (m.group(1), m.group(2))
                 continue
             t = line.split()
-            if key and len(t) >= 13 and t[0].isdigit():
+            # a size of 0 B (a block under one element at this rank count) moves nothing
+            if key and len(t) >= 13 and t[0].isdigit() and int(t[0]) > 0:
                 try:
                     times[key][int(t[0])].append(float(t[5]))
                 except ValueError:
