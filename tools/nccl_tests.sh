@@ -27,7 +27,9 @@
 #       tools/nccl_tests_table.py over all of them. PERF_ARGS (default: -b 8 -e 8M
 #       -f 4 -n 40 -w 5; all-gather, reduce-scatter, all-to-all, gather and scatter from 32 B).
 #       ALSO="NAME=LIBDIR ...": more builds of gcomm's libnccl.so.2 (a change against a base, say)
-#       timed in the same turns, each under its NAME (tools/nccl_tests_table.py --a NAME --b gcomm).
+#       timed in the same turns, each under its NAME (tools/nccl_tests_table.py --a NAME --b gcomm);
+#       WITH_NCCL=0 leaves NVIDIA's NCCL out of the turns; PERF_GRAPHS (default "20 0": with
+#       graphs, then plain launches) the -G values to time.
 # Exit status: 0 when every gcomm run passed and found no wrong value.
 set -uo pipefail
 PROGRAMS=${NT_PROGRAMS:-"all_reduce all_gather broadcast reduce_scatter reduce alltoall alltoallv scatter gather sendrecv hypercube"}
@@ -127,25 +129,30 @@ perf() {
   local bindir=$1 libdir=$2 np=$3 logdir=${4:-nccl-tests-logs}
   local progs=${NT_PROGRAMS:-"all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall gather scatter"}
   MPIEXEC=${MPIEXEC:-${MPIEXEC_MPICH:-mpiexec}}
-  [ -n "${NCCL_HOME:-}" ] || { echo "NCCL_HOME: NVIDIA's NCCL, to time beside gcomm" >&2; return 1; }
+  local withNccl=${WITH_NCCL:-1}
+  [ "$withNccl" = 0 ] || [ -n "${NCCL_HOME:-}" ] ||
+    { echo "NCCL_HOME: NVIDIA's NCCL, to time beside gcomm (or WITH_NCCL=0)" >&2; return 1; }
   mkdir -p "$logdir"
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
   for round in $(seq "${RUNS:-2}"); do
     for prog in $progs; do
-      for g in 20 0; do
+      for g in ${PERF_GRAPHS:-20 0}; do
         local log=$logdir/perf-graphs.log
         [ "$g" = 0 ] && log=$logdir/perf-plain.log
         perfOne gcomm "$libdir" "$prog" "$g" "$round" "$bindir" "$np" "$log"
         for also in ${ALSO:-}; do
           perfOne "${also%%=*}" "${also#*=}" "$prog" "$g" "$round" "$bindir" "$np" "$log"
         done
-        perfOne nccl "$NCCL_HOME/lib" "$prog" "$g" "$round" "$bindir" "$np" "$log"
+        [ "$withNccl" = 0 ] || perfOne nccl "$NCCL_HOME/lib" "$prog" "$g" "$round" "$bindir" "$np" "$log"
       done
     done
   done
+  local b=nccl
+  [ "$withNccl" = 0 ] && b=${ALSO%%=*}
   for mode in graphs plain; do
+    [ -n "$b" ] && [ -s "$logdir/perf-$mode.log" ] || continue
     echo "## $mode"
-    python3 "$here/tools/nccl_tests_table.py" "$logdir/perf-$mode.log"
+    python3 "$here/tools/nccl_tests_table.py" "$logdir/perf-$mode.log" --b "$b"
   done
 }
 
@@ -153,5 +160,5 @@ case "${1:-}" in
   build) shift; build "$@" ;;
   run) shift; run "$@" ;;
   perf) shift; perf "$@" ;;
-  *) sed -n '2,31p' "$0"; exit 2 ;;
+  *) sed -n '2,33p' "$0"; exit 2 ;;
 esac
