@@ -40,8 +40,12 @@ int gcommLogEnabled(int level, int subsys);
 #define GCOMM_WARN(comm, ...) \
   gcommLog(GCOMM_LOG_WARN, GCOMM_SUBSYS_ALL, comm, __func__, __VA_ARGS__)
 #define GCOMM_INFO(subsys, comm, ...) gcommLog(GCOMM_LOG_INFO, subsys, comm, __func__, __VA_ARGS__)
-#define GCOMM_TRACE(subsys, comm, ...) \
-  gcommLog(GCOMM_LOG_TRACE, subsys, comm, __func__, __VA_ARGS__)
+/* every operation traces: its arguments are evaluated, and the call made, only when logged */
+#define GCOMM_TRACE(subsys, comm, ...)                                \
+  do {                                                                \
+    if (gcommLogEnabled(GCOMM_LOG_TRACE, subsys))                     \
+      gcommLog(GCOMM_LOG_TRACE, subsys, comm, __func__, __VA_ARGS__); \
+  } while (0)
 
 /* Records and logs an error: what (the message), where (the function), which peer (when >= 0,
  * with its pid and host). Returns res so that `return GCOMM_ERROR(...)` reads naturally. */
