@@ -28,8 +28,9 @@
 #       -f 4 -n 40 -w 5; all-gather, reduce-scatter, all-to-all, gather and scatter from 32 B).
 #       ALSO="NAME=LIBDIR ...": more builds of gcomm's libnccl.so.2 (a change against a base, say)
 #       timed in the same turns, each under its NAME (tools/nccl_tests_table.py --a NAME --b gcomm);
-#       WITH_NCCL=0 leaves NVIDIA's NCCL out of the turns; PERF_GRAPHS (default "20 0": with
-#       graphs, then plain launches) the -G values to time.
+#       WITH_NCCL=0 leaves NVIDIA's NCCL out of the turns (the tables then hold gcomm against the
+#       first ALSO build); PERF_GRAPHS (default "20 0": with graphs, then plain launches) the -G
+#       values to time.
 # Exit status: 0 when every gcomm run passed and found no wrong value.
 set -uo pipefail
 PROGRAMS=${NT_PROGRAMS:-"all_reduce all_gather broadcast reduce_scatter reduce alltoall alltoallv scatter gather sendrecv hypercube"}
@@ -160,5 +161,5 @@ case "${1:-}" in
   build) shift; build "$@" ;;
   run) shift; run "$@" ;;
   perf) shift; perf "$@" ;;
-  *) sed -n '2,33p' "$0"; exit 2 ;;
+  *) sed -n '2,34p' "$0"; exit 2 ;;
 esac
