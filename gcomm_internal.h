@@ -344,6 +344,10 @@ gcommResult_t gcommEnqueueCheck(gcommComm_t comm, gcommStream_t stream, const ch
  * peer in another call is named. */
 gcommResult_t gcommEnqueueParts(gcommComm_t comm, gcommOp_t* parts, int n, int func,
                                 uint64_t countsHash, gcommStream_t stream, const char* where);
+/* The same for parts whose checks are done: the call's own, checked whole, of which each part
+ * is a piece (gcommCollParts); neither the communicator nor a part is checked again. */
+gcommResult_t gcommSubmitParts(gcommComm_t comm, gcommOp_t* parts, int n, int func,
+                               uint64_t countsHash, gcommStream_t stream, const char* where);
 
 /* ---- Profiler (gcomm_profiler.h; gcomm_profiler.c) ---- */
 typedef struct {
