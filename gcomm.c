@@ -55,6 +55,7 @@ static void commFree(gcommComm_t comm) {
   free(comm->queues);
   free(comm->cards);
   free(comm->localRanks);
+  free(comm->localRevoked);
   free(comm->boot);
   MPI_Finalized(&finalized);
   if (!finalized && comm->mpiComm != MPI_COMM_NULL) MPI_Comm_free(&comm->mpiComm);
@@ -223,7 +224,7 @@ static gcommResult_t enqueueColl(gcommComm_t comm, gcommOp_t* args, gcommStream_
                                  const char* where) {
   GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
   if (gcommByParts(comm, args)) return gcommCollParts(comm, args, stream, where);
-  return gcommEnqueue(comm, args, stream, where);
+  return gcommEnqueueChecked(comm, args, stream, where);
 }
 
 gcommResult_t gcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,

@@ -372,15 +372,22 @@ static gcommResult_t connectTransports(gcommComm_t comm) {
   comm->recvConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
   comm->nQueues = comm->nChannels + 2 * comm->nranks * comm->nP2pChannels;
   comm->queues = calloc(comm->nQueues, sizeof(gcommQueue_t));
-  gcommResult_t res = comm->sendConns && comm->recvConns && comm->queues && comm->localRanks
-                          ? gcommSuccess
-                          : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  comm->localRevoked = calloc(comm->nLocal, sizeof(*comm->localRevoked));
+  gcommResult_t res =
+      comm->sendConns && comm->recvConns && comm->queues && comm->localRanks && comm->localRevoked
+          ? gcommSuccess
+          : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   for (int i = 0; i < comm->nTransports; i++) {
     const gcommTransport_t* t = comm->transports[i];
     if (t->connect == NULL) continue;
     if (res == gcommSuccess) res = t->connect(comm);
     GCOMM_CHECK(agreeOnResult(comm, res, t->connectWhat));
     if (t->connected) GCOMM_CHECK(t->connected(comm));
+  }
+  /* every call reads them (gcommRevokeSeen): their addresses once */
+  for (int i = 0; i < comm->nLocal && res == gcommSuccess; i++) {
+    gcommStatus_t* st = gcommShmStatus(comm, comm->localRanks[i]);
+    comm->localRevoked[i] = st != NULL ? &st->revoked : NULL;
   }
 #ifdef GCOMM_GPU
   if (comm->device >= 0 && comm->params.proto == gcommProtoLL &&

@@ -226,8 +226,12 @@ gcommResult_t gcommCommCreate(gcommComm_t* out, MPI_Comm mpiComm, const gcommCon
 void gcommInheritConfig(gcommComm_t comm, gcommConfig_t* config);
 
 /* ---- gcomm_enqueue.c ---- */
+/* One operation: the communicator's checks (gcommEnqueueCheck), its arguments', then posted,
+ * launched or held by the group; gcommEnqueueChecked skips the first, done by the caller. */
 gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                            const char* where);
+gcommResult_t gcommEnqueueChecked(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
+                                  const char* where);
 gcommResult_t gcommGroupOpen(void);
 gcommResult_t gcommGroupClose(void);
 

@@ -161,11 +161,22 @@ static gcommResult_t submitOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tai
 gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                            const char* where) {
   GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
+  return gcommEnqueueChecked(comm, args, stream, where);
+}
+
+gcommResult_t gcommEnqueueChecked(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
+                                  const char* where) {
   GCOMM_CHECK(gcommCheckArgs(comm, args, where));
+  if (args->count == 0) { /* nothing to move: complete at once, posted and done alike, without an
+                           * operation record; a collective takes its sequence number as on every
+                           * other rank */
+    if (!gcommIsPointToPoint(args->func)) gcommOwnerAdd(&comm->collSeq, 1);
+    return gcommSuccess;
+  }
   gcommOp_t* op = buildOp(comm, args, 0);
   if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
   traceOp(comm, op);
-  if (op->nWorks == 0) { /* nothing to move (count 0): complete at once, posted and done alike */
+  if (op->nWorks == 0) { /* nothing to move (one rank, in place): complete at once */
     gcommOpRelease(comm, op);
     return gcommSuccess;
   }

@@ -513,7 +513,8 @@ struct gcommComm {
   int sharedCopy;     /* GPU communicators: every rank on one GPU, run by gcomm_gpu_shared.c */
   int nLocal;         /* ranks on this node */
   int* localRanks; /* their ranks, this one's included (the status pages a revoke is read from) */
-  gcommCard_t* cards; /* every rank's card */
+  volatile int** localRevoked; /* each one's status page's revoke word (NULL: no page) */
+  gcommCard_t* cards;          /* every rank's card */
   char name[64];
   gcommParams_t params;
   int nChannels;    /* collective channels: lanes [0, nChannels) */

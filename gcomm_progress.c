@@ -221,9 +221,10 @@ void gcommRevokeBy(gcommComm_t comm, int by) {
 /* 1 + the rank whose revoke reached this rank: on a status page of this node, or through a
  * transport from another node (which reads what came, if no pass holds the engine now), or 0. */
 static int revokeArrived(gcommComm_t comm) {
-  for (int i = 0; i < comm->nLocal && comm->localRanks != NULL; i++) {
-    gcommStatus_t* st = gcommShmStatus(comm, comm->localRanks[i]);
-    int by = st != NULL ? __atomic_load_n(&st->revoked, __ATOMIC_ACQUIRE) : 0;
+  for (int i = 0; i < comm->nLocal && comm->localRevoked != NULL; i++) {
+    int by = comm->localRevoked[i] != NULL
+                 ? __atomic_load_n(comm->localRevoked[i], __ATOMIC_ACQUIRE)
+                 : 0;
     if (by != 0) return by;
   }
   if (comm->nLocal == comm->nranks) return 0;
