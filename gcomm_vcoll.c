@@ -34,10 +34,10 @@ typedef struct {
 
 #define V_BAD(v, ...) gcommSetError((v)->comm, gcommInvalidArgument, -1, (v)->where, __VA_ARGS__)
 
-/* The checks before any count is read, after the communicator's (gcommEnqueueCheck): the
+/* The checks before any count is read, of a communicator that passed gcommEnqueueCheck: the
  * datatype and root (hasRoot). */
-static gcommResult_t vBegin(VCall* v, gcommComm_t comm, gcommDataType_t datatype, int root,
-                            int hasRoot, const char* where) {
+static gcommResult_t vInit(VCall* v, gcommComm_t comm, gcommDataType_t datatype, int root,
+                           int hasRoot, const char* where) {
   memset(v, 0, sizeof(*v));
   v->comm = comm;
   v->where = where;
@@ -51,6 +51,13 @@ static gcommResult_t vBegin(VCall* v, gcommComm_t comm, gcommDataType_t datatype
   v->parts = malloc(2 * (size_t)comm->nranks * sizeof(gcommOp_t));
   if (v->parts == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
   return gcommSuccess;
+}
+
+/* A vector call's start: the communicator's checks, then vInit's. */
+static gcommResult_t vBegin(VCall* v, gcommComm_t comm, gcommDataType_t datatype, int root,
+                            int hasRoot, gcommStream_t stream, const char* where) {
+  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
+  return vInit(v, comm, datatype, root, hasRoot, where);
 }
 
 static gcommResult_t vEnd(VCall* v, gcommResult_t res) {
@@ -160,8 +167,7 @@ gcommResult_t gcommAllGatherV(const void* sendbuff, size_t sendcount, void* recv
                               gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
   VCall v;
   size_t extent;
-  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, __func__));
-  GCOMM_CHECK(vBegin(&v, comm, datatype, 0, 0, __func__));
+  GCOMM_CHECK(vBegin(&v, comm, datatype, 0, 0, stream, __func__));
   int n = comm->nranks, r = comm->rank;
   gcommResult_t res = vBlocks(&v, "recvcounts", recvcounts, "displs", displs, &extent);
   if (res == gcommSuccess && sendcount != recvcounts[r])
@@ -182,8 +188,7 @@ gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, con
                              gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
   VCall v;
   size_t inBytes, outBytes;
-  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, __func__));
-  GCOMM_CHECK(vBegin(&v, comm, datatype, 0, 0, __func__));
+  GCOMM_CHECK(vBegin(&v, comm, datatype, 0, 0, stream, __func__));
   int r = comm->rank;
   gcommResult_t res = vBlocks(&v, "sendcounts", sendcounts, "sdispls", sdispls, &inBytes);
   if (res == gcommSuccess)
@@ -230,7 +235,7 @@ gcommResult_t gcommCollParts(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
   VCall v;
   GCOMM_CHECK(gcommCheckArgs(comm, args, where));
   int hasRoot = args->func != gcommFuncAllToAll, isRoot = hasRoot && comm->rank == args->root;
-  GCOMM_CHECK(vBegin(&v, comm, args->datatype, args->root, hasRoot, where));
+  GCOMM_CHECK(vInit(&v, comm, args->datatype, args->root, hasRoot, where));
   int n = comm->nranks;
   size_t* blocks = malloc(2 * (size_t)n * sizeof(size_t)); /* counts, then displacements */
   if (blocks == NULL)
@@ -258,8 +263,7 @@ gcommResult_t gcommGatherV(const void* sendbuff, size_t sendcount, void* recvbuf
                            const size_t* recvcounts, const size_t* displs, gcommDataType_t datatype,
                            int root, gcommComm_t comm, gcommStream_t stream) {
   VCall v;
-  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, __func__));
-  GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, __func__));
+  GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, stream, __func__));
   gcommResult_t res = gcommSuccess;
   if (comm->rank != root) /* recvbuff, recvcounts and displs are root's */
     vPart(&v, gcommFuncSend, sendbuff, sendcount, root);
@@ -274,8 +278,7 @@ gcommResult_t gcommScatterV(const void* sendbuff, const size_t* sendcounts, cons
                             void* recvbuff, size_t recvcount, gcommDataType_t datatype, int root,
                             gcommComm_t comm, gcommStream_t stream) {
   VCall v;
-  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, __func__));
-  GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, __func__));
+  GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, stream, __func__));
   gcommResult_t res = gcommSuccess;
   if (comm->rank != root) /* sendbuff, sendcounts and displs are root's */
     vPart(&v, gcommFuncRecv, recvbuff, recvcount, root);
