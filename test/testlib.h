@@ -308,23 +308,29 @@ static inline double tlFp8ToDouble(uint8_t b, int e5m2) {
 }
 
 /* The fp8 value nearest v, ties to an even code, saturating: past the largest finite value (and
- * infinity) gives it, NaN gives 0x7f (CUDA's __NV_SATFINITE conversion), found by searching every
- * finite code (decoded once) rather than by manipulating bits. */
+ * infinity) gives it, NaN gives 0x7f (CUDA's __NV_SATFINITE conversion), found among the finite
+ * codes (decoded once; their values rise with the code) rather than by manipulating bits. */
 static inline uint8_t tlDoubleToFp8(double v, int e5m2) {
   static double values[2][128];
   static int decoded[2];
-  uint8_t sign = signbit(v) ? 0x80 : 0, best = 0, maxCode = e5m2 ? 0x7b : 0x7e;
-  double a = fabs(v), bestErr = INFINITY;
+  uint8_t sign = signbit(v) ? 0x80 : 0, maxCode = e5m2 ? 0x7b : 0x7e;
+  double a = fabs(v);
   if (!decoded[e5m2]) {
     for (int c = 0; c <= maxCode; c++) values[e5m2][c] = tlFp8ToDouble((uint8_t)c, e5m2);
     decoded[e5m2] = 1;
   }
   if (isnan(v)) return 0x7f;
   if (a >= values[e5m2][maxCode]) return (uint8_t)(sign | maxCode);
-  for (int c = 0; c <= maxCode; c++) {
-    double err = fabs(values[e5m2][c] - a);
-    if (err < bestErr || (err == bestErr && !(c & 1))) best = (uint8_t)c, bestErr = err;
+  int lo = 0, hi = maxCode; /* values[lo] <= a < values[hi] */
+  while (hi - lo > 1) {
+    int mid = (lo + hi) / 2;
+    if (values[e5m2][mid] <= a)
+      lo = mid;
+    else
+      hi = mid;
   }
+  double below = a - values[e5m2][lo], above = values[e5m2][hi] - a;
+  int best = below < above ? lo : above < below ? hi : (lo & 1) ? hi : lo;
   return (uint8_t)(sign | best);
 }
 
