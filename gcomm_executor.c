@@ -15,13 +15,13 @@
  * gcommLine_t) or the tail says so. */
 static int slotArrived(const gcommConn_t* c) {
   if (c->lines != NULL)
-    return __atomic_load_n(&c->lines[c->step % GCOMM_STEPS].flag, __ATOMIC_ACQUIRE) == c->step + 1;
+    return __atomic_load_n(&c->lines[c->step % GCOMM_LINES].flag, __ATOMIC_ACQUIRE) == c->step + 1;
   return __atomic_load_n(&c->fifo->tail, __ATOMIC_ACQUIRE) > c->step;
 }
 
 /* Where the payload of c's step lies: in its line when it fits there, else in its slot. */
 static char* slotData(gcommConn_t* c, size_t bytes) {
-  if (c->lines != NULL && bytes <= GCOMM_LINE_PAYLOAD) return c->lines[c->step % GCOMM_STEPS].data;
+  if (c->lines != NULL && bytes <= GCOMM_LINE_PAYLOAD) return c->lines[c->step % GCOMM_LINES].data;
   return c->slots + (c->step % GCOMM_STEPS) * c->slotBytes;
 }
 
@@ -29,7 +29,7 @@ static char* slotData(gcommConn_t* c, size_t bytes) {
  * payload too large for it carries; NULL: the payload is in the slot (or the line). */
 static const char* slotRef(const gcommConn_t* c, size_t bytes) {
   if (c->lines == NULL || bytes <= GCOMM_LINE_PAYLOAD) return NULL;
-  return c->lines[c->step % GCOMM_STEPS].ref;
+  return c->lines[c->step % GCOMM_LINES].ref;
 }
 
 /* Hands the filled slot of c's step over: its word (and, in the line of a payload too large for
@@ -38,7 +38,7 @@ static const char* slotRef(const gcommConn_t* c, size_t bytes) {
 static void slotPublish(gcommConn_t* c, uint64_t word, const char* ref) {
   uint64_t next = c->step + 1;
   if (c->lines != NULL) {
-    gcommLine_t* line = &c->lines[c->step % GCOMM_STEPS];
+    gcommLine_t* line = &c->lines[c->step % GCOMM_LINES];
     if ((uint32_t)word > GCOMM_LINE_PAYLOAD) line->ref = ref; /* the word's payload size */
     line->word = word;
     __atomic_store_n(&line->flag, next, __ATOMIC_RELEASE);
@@ -48,6 +48,17 @@ static void slotPublish(gcommConn_t* c, uint64_t word, const char* ref) {
     __atomic_store_n(&c->fifo->tail, next, __ATOMIC_RELEASE);
   }
   c->step = next;
+}
+
+/* How far c's sender may run ahead of the receiver's head with a step of this many bytes: a
+ * payload that travels in its line alone, GCOMM_LINES steps; one in a slot, GCOMM_STEPS. While a
+ * slot handed over by reference is unread, GCOMM_STEPS for every step: the record of those
+ * slots (refs, refBatch) holds GCOMM_STEPS steps. */
+static uint64_t sendDepth(const gcommConn_t* c, size_t bytes) {
+  if (c->lines == NULL || bytes > GCOMM_LINE_PAYLOAD) return GCOMM_STEPS;
+  if (c->refs != NULL && __atomic_load_n(&c->refUntil, __ATOMIC_RELAXED) > c->headSeen)
+    return GCOMM_STEPS;
+  return GCOMM_LINES;
 }
 
 /* A step is ready when every FIFO it reads holds a slot, every FIFO it writes has room, and no
@@ -65,17 +76,17 @@ static int stepBlockedOn(gcommComm_t comm, const gcommWork_t* w, const gcommStep
       return st->recvPeer[i];
     }
   }
+  size_t esz = gcommTypeSize(w->op->datatype);
   for (int i = 0; i < 2; i++) {
     if (st->sendPeer[i] < 0) continue;
     gcommConn_t* c = sendConn(comm, lane, st->sendPeer[i]);
-    if (c->step >= c->roomUntil)
-      c->roomUntil = __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE) + GCOMM_STEPS;
-    if (c->step >= c->roomUntil) {
+    if (c->step >= c->headSeen + sendDepth(c, st->count * esz))
+      c->headSeen = __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE);
+    if (c->step >= c->headSeen + sendDepth(c, st->count * esz)) {
       *isRecv = 0;
       return st->sendPeer[i];
     }
   }
-  size_t esz = gcommTypeSize(w->op->datatype);
   char* dst = st->dst == GCOMM_BUF_NONE ? NULL : opBuffer(w->op, st->dst) + st->dstOff * esz;
   /* a message received into dst itself (gcommNetDirectTarget) leaves the step nothing to write */
   gcommConn_t* in = st->recvPeer[0] >= 0 ? recvConn(comm, lane, st->recvPeer[0]) : NULL;

@@ -180,14 +180,19 @@ typedef struct {
                                            between ranks of a node, the sender's call tag */
 } gcommFifo_t;
 
-/* A slot's line between the ranks of a node (transports/shm.c), low-latency style: the slot's
+/* A step's line between the ranks of a node (transports/shm.c), low-latency style: the slot's
  * word and, when the payload fits, the payload itself, then the flag (the sender's step + 1),
  * written last with release. The receiver polls this one line, which the sender filled with one
  * hand-off of one cache line, instead of the tail, the word and the slot (three lines; the tail
  * still advances, for dumps). Larger payloads stay in the slot; the line carries their word and
  * ref: where in the sender's memory the payload is instead, when the sender handed it over by
- * reference (GCOMM_CMA), else NULL. */
+ * reference (GCOMM_CMA), else NULL.
+ * A FIFO has GCOMM_LINES lines, step s in line s % GCOMM_LINES: a sender of payloads that fit a
+ * line runs up to that many steps ahead of its receiver (a slot's payload, GCOMM_STEPS), as
+ * MPICH's eager cells let a broadcast root or a sender of small messages go on without waiting for
+ * a receiver that has not been scheduled yet. */
 #define GCOMM_LINE_PAYLOAD 48
+#define GCOMM_LINES 64
 typedef struct {
   union {
     char data[GCOMM_LINE_PAYLOAD];
@@ -211,12 +216,12 @@ typedef struct {
   gcommFifo_t* fifo;
   char* slots;   /* GCOMM_STEPS slots of slotBytes: after fifo, or elsewhere (GPU memory) */
   uint64_t step; /* this side's own counter: the next slot to fill (sender) or drain */
-  /* sender, host executor: the FIFO has room for every step below this (the head it last read
-   * plus GCOMM_STEPS), so that it reads the receiver's head only when that runs out */
-  uint64_t roomUntil;
+  /* sender, host executor: the receiver's head as last read, so that the executor reads it again
+   * only when the room it leaves runs out */
+  uint64_t headSeen;
   size_t slotBytes;
   int peer;
-  /* A FIFO between the ranks of a node: its GCOMM_STEPS slot lines (gcommLine_t), which the host
+  /* A FIFO between the ranks of a node: its GCOMM_LINES lines (gcommLine_t), which the host
    * executor fills and polls in place of the tail and the words. NULL elsewhere. */
   gcommLine_t* lines;
   /* A send FIFO whose receiver takes data from any memory: a network provider that sends from it
@@ -249,7 +254,7 @@ typedef struct {
 /* The word of c's slot of step s: in its line (a FIFO between the ranks of a node), else in the
  * FIFO's words. */
 static inline uint64_t gcommSlotWord(const gcommConn_t* c, uint64_t s) {
-  return c->lines != NULL ? c->lines[s % GCOMM_STEPS].word : c->fifo->bytes[s % GCOMM_STEPS];
+  return c->lines != NULL ? c->lines[s % GCOMM_LINES].word : c->fifo->bytes[s % GCOMM_STEPS];
 }
 
 /* ---- Operations ----

@@ -16,16 +16,16 @@ int gcommRangesMeet(const char* a, size_t alen, const char* b, size_t blen) {
 /* The peer of an unfinished send from the caller's memory (gcommConn_t.refs: over the network,
  * or read by a rank of this node) that overlaps [p, p + len) on this lane, or -1; sends to rank
  * peerDone below FIFO step doneBelow do not count (the peer has received them), nor those of the
- * operations of post batch (0: none). The head last read (roomUntil) tells, without a read of the
+ * operations of post batch (0: none). The head last read (headSeen) tells, without a read of the
  * peer's counter, that every such send is over. */
 int gcommRefOverlaps(gcommComm_t comm, int lane, const char* p, size_t len, int peerDone,
                      uint64_t doneBelow, uint64_t batch) {
   if (!__atomic_load_n(&comm->refsUsed, __ATOMIC_RELAXED)) return -1;
   for (int q = 0; q < comm->nranks; q++) {
     gcommConn_t* c = sendConn(comm, lane, q);
-    if (c->refs == NULL || c->refUntil + GCOMM_STEPS <= c->roomUntil) continue;
+    if (c->refs == NULL || c->refUntil <= c->headSeen) continue;
     uint64_t s = __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE);
-    c->roomUntil = s + GCOMM_STEPS;
+    c->headSeen = s;
     if (q == peerDone && s < doneBelow) s = doneBelow;
     for (; s < c->refUntil; s++) {
       const char* r = c->refs[s % GCOMM_STEPS];

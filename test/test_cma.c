@@ -7,8 +7,9 @@
  * collective runs on random bytes at odd counts, out of place and in place, into poisoned outputs,
  * against MPI's own collective; a send's buffer is rewritten as soon as its wait returns while the
  * receiver posts late (the wait must cover the peer's copy), or received into at once (the receive
- * must wait for that copy); a send and a receive of one buffer in a group, and operations that
- * rewrite what an earlier one sent, must not hang.
+ * must wait for that copy); a run of small messages with large ones among them reaches a late
+ * receiver intact; a send and a receive of one buffer in a group, and operations that rewrite
+ * what an earlier one sent, must not hang.
  */
 #define _GNU_SOURCE
 #include <mpi.h>
@@ -154,6 +155,47 @@ static void testReceiveIntoLent(size_t count, uint64_t seed) {
            variant, count);
 }
 
+/* Rank 0 sends rank 1 a run of messages, more than a FIFO has lines, a call each, and then
+ * receives rank 1's reply into the buffer of the first large one; rank 1 sent that reply first and
+ * posts its receives late. Most messages fit a line (up to 48 B: the sender runs up to GCOMM_LINES
+ * steps ahead of its receiver), every 37th is 70,001 B (a slot, or a reference that rank 1 copies
+ * late: while one is unread the sender keeps to GCOMM_STEPS, whose record holds it, so the reply
+ * waits for that copy). Each rank must get what the other sent, and neither may hang. */
+static void testRunAhead(uint64_t seed) {
+  enum { MESSAGES = 150, LENT = 5, LARGE = 70001 };
+  char *sent[MESSAGES], *out[MESSAGES], *reply = randomBytes(LARGE, seed, 1);
+  size_t bytes[MESSAGES];
+  for (int i = 0; i < MESSAGES; i++) {
+    bytes[i] = i % 37 == LENT ? LARGE : 1 + (size_t)i % 48;
+    sent[i] = randomBytes(bytes[i], seed + (uint64_t)i, 0);
+    out[i] = tlRank == 0 ? memcpy(poisoned(bytes[i]), sent[i], bytes[i]) : poisoned(bytes[i]);
+  }
+  gcommResult_t res = gcommSuccess;
+  if (tlRank == 0) {
+    for (int i = 0; i < MESSAGES && res == gcommSuccess; i++)
+      res = gcommSend(out[i], bytes[i], gcommUint8, 1, comm, NULL);
+    tlSleepMs(20); /* the sends run ahead meanwhile */
+    if (res == gcommSuccess) res = gcommRecv(out[LENT], LARGE, gcommUint8, 1, comm, NULL);
+    finish(res, out[LENT], reply, LARGE);
+    for (int i = 0; i < MESSAGES; i++) memset(out[i], 0x5a, bytes[i]);
+  } else if (tlRank == 1) {
+    res = gcommSend(reply, LARGE, gcommUint8, 0, comm, NULL);
+    tlSleepMs(50);
+    for (int i = 0; i < MESSAGES && res == gcommSuccess; i++)
+      res = gcommRecv(out[i], bytes[i], gcommUint8, 0, comm, NULL);
+    if (TL_OK(comm, res) == gcommSuccess) TL_OK(comm, gcommWait(comm, NULL));
+    for (int i = 0; i < MESSAGES; i++)
+      if (memcmp(out[i], sent[i], bytes[i]) != 0) {
+        tlFail("message %d of %zu B differs from what rank 0 sent", i, bytes[i]);
+        break;
+      }
+  }
+  for (int i = 0; i < MESSAGES; i++) free(sent[i]), free(out[i]);
+  free(reply);
+  tlReport("[%s] %d messages of 1-48 B and %d B to a late receiver, a reply into one: as sent",
+           variant, MESSAGES, LARGE);
+}
+
 /* An all-gather into the buffer an earlier all-to-all sent from (another call): it must wait
  * until the peers have copied the all-to-all's blocks, and neither may hang. */
 static void testRewriteSent(size_t count, uint64_t seed) {
@@ -265,6 +307,7 @@ int main(int argc, char** argv) {
     }
     if (tlNranks >= 2) testSendWaitReuse(70001, seed);
     if (tlNranks >= 2) testReceiveIntoLent(70001, seed + 2);
+    if (tlNranks >= 2) testRunAhead(seed + 3);
     testRewriteSent(5003, seed + 1);
     tlCommDestroy(comm);
     tlReport("[%s] destroy", variant);

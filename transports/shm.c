@@ -41,7 +41,7 @@ struct gcommShm {
   void** maps;     /* [rank]: that local rank's segment, NULL for remote ranks */
   size_t segBytes; /* every rank's segment has the same layout and size */
   size_t fifoBytes;
-  size_t linesOff;           /* the FIFOs' slot lines, GCOMM_STEPS a FIFO, in the FIFOs' order */
+  size_t linesOff;           /* the FIFOs' lines, GCOMM_LINES a FIFO, in the FIFOs' order */
   size_t areaOff, areaBytes; /* the caller's area (gcommShmCreate's areaBytes), 0 bytes: none */
   int unlinked;
   char name[64];    /* this rank's segment */
@@ -59,7 +59,7 @@ static size_t pageRound(size_t bytes) {
 }
 
 static size_t linesBytes(int nLanes, int nLocal) {
-  return pageRound(sizeof(gcommLine_t) * GCOMM_STEPS * (size_t)nLanes * (size_t)nLocal);
+  return pageRound(sizeof(gcommLine_t) * GCOMM_LINES * (size_t)nLanes * (size_t)nLocal);
 }
 
 size_t gcommShmSegmentBytes(size_t slotBytes, int nLanes, int nLocal, size_t areaBytes) {
@@ -188,7 +188,7 @@ static gcommConn_t makeConn(struct gcommShm* shm, void* seg, int senderIdx, int 
   size_t fifoIdx = fifoIndex(senderIdx, lane, nLanes);
   char* base = (char*)seg + fifoIdx * shm->fifoBytes;
   c.fifo = (gcommFifo_t*)base;
-  c.lines = (gcommLine_t*)((char*)seg + shm->linesOff) + fifoIdx * GCOMM_STEPS;
+  c.lines = (gcommLine_t*)((char*)seg + shm->linesOff) + fifoIdx * GCOMM_LINES;
   c.slots = base + sizeof(gcommFifo_t);
   c.step = 0;
   c.slotBytes = slotBytes;
