@@ -53,6 +53,7 @@ static void commFree(gcommComm_t comm) {
   free(comm->sendConns);
   free(comm->recvConns);
   free(comm->queues);
+  free(comm->busyQueues);
   free(comm->cards);
   free(comm->localRanks);
   free(comm->localRevoked);

@@ -347,9 +347,9 @@ static gcommResult_t probeRank(gcommComm_t comm, const gcommWork_t* w, int q, ui
 
 static void noteCurrent(gcommComm_t comm, const gcommWork_t* w) {
   const gcommOp_t* op = w->op;
+  if (op->tag == 0 || gcommIsPointToPoint(op->func) || w->lane >= GCOMM_STATUS_LANES) return;
   gcommStatus_t* st = gcommShmStatus(comm, comm->rank);
-  if (st == NULL || op->tag == 0 || gcommIsPointToPoint(op->func) || w->lane >= GCOMM_STATUS_LANES)
-    return;
+  if (st == NULL) return;
   __atomic_store_n(&st->current[w->lane], (uint64_t)(uint32_t)(op->seq + 1) << 32 | op->tag,
                    __ATOMIC_RELEASE);
 }

@@ -574,7 +574,7 @@ struct gcommComm {
   int nQueues;
   gcommQueue_t* queues;
   long nActiveWorks;
-  int nBusyQueues; /* queues with a work: a pass stops looking once it has seen them all */
+  uint64_t* busyQueues; /* a bit a queue, set while it holds a work: a pass visits only those */
   pthread_mutex_t progressLock;
   pthread_t thread;
   int threadStarted, stopThread;

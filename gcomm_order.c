@@ -110,11 +110,13 @@ static const char* workOutput(gcommComm_t comm, const gcommWork_t* w, size_t* le
 int gcommWorkMayStart(gcommComm_t comm, gcommWork_t* w) {
   if (w->mayStart) return 1;
   if (!gcommOpMayStart(comm, w->op)) return 0;
-  size_t len;
-  const char* out = workOutput(comm, w, &len);
-  w->mayStart =
-      !sendsByRef(comm) || !gcommRefOverlapsElsewhere(comm, w->lane, out, len, w->op->batch);
-  return w->mayStart;
+  if (sendsByRef(comm)) {
+    size_t len;
+    const char* out = workOutput(comm, w, &len);
+    if (gcommRefOverlapsElsewhere(comm, w->lane, out, len, w->op->batch)) return 0;
+  }
+  w->mayStart = 1;
+  return 1;
 }
 
 /* Elements each side of op uses on this rank (0 where a buffer is unused). */

@@ -118,7 +118,7 @@ static void activateOp(gcommComm_t comm, gcommOp_t* op) {
       q->tail->next = w;
     } else {
       q->head = w;
-      comm->nBusyQueues++;
+      comm->busyQueues[w->queue / 64] |= 1ull << (w->queue % 64);
     }
     q->tail = w;
   }
@@ -155,7 +155,7 @@ void gcommDrainAll(gcommComm_t comm) {
     }
     comm->queues[q].tail = NULL;
   }
-  comm->nBusyQueues = 0;
+  memset(comm->busyQueues, 0, ((size_t)comm->nQueues + 63) / 64 * sizeof(uint64_t));
 }
 
 /* Tells the other ranks that this rank's communicator stopped, and why, so that those blocked on
@@ -323,26 +323,30 @@ static void workFailed(gcommComm_t comm, gcommResult_t res) {
 /* Every queue's head work runs its ready steps; a finished work makes way for the next. Returns
  * -1 when a work failed (the communicator has stopped), else whether anything moved. */
 static int runQueues(gcommComm_t comm) {
-  int moved = 0, busy = comm->nBusyQueues;
-  for (int q = 0, seen = 0; q < comm->nQueues && seen < busy; q++) {
-    gcommWork_t* w;
-    if (comm->queues[q].head != NULL) seen++;
-    while ((w = comm->queues[q].head) != NULL) {
-      gcommResult_t res = gcommSuccess;
-      if (w->step == 0 && !gcommWorkMayStart(comm, w)) break;
-      int ran = gcommWorkAdvance(comm, w, &res);
-      if (ran < 0) {
-        workFailed(comm, res);
-        return -1;
+  int moved = 0;
+  for (int word = 0; word < (comm->nQueues + 63) / 64; word++)
+    for (uint64_t bits = comm->busyQueues[word]; bits != 0; bits &= bits - 1) {
+      int q = word * 64 + __builtin_ctzll(bits);
+      gcommWork_t* w;
+      while ((w = comm->queues[q].head) != NULL) {
+        gcommResult_t res = gcommSuccess;
+        if (w->step == 0 && !gcommWorkMayStart(comm, w)) break;
+        int ran = gcommWorkAdvance(comm, w, &res);
+        if (ran < 0) {
+          workFailed(comm, res);
+          return -1;
+        }
+        moved |= ran > 0;
+        if (w->step < w->nSteps) break;
+        comm->queues[q].head = w->next;
+        if (w->next == NULL) {
+          comm->queues[q].tail = NULL;
+          comm->busyQueues[word] &= ~(1ull << (q % 64));
+        }
+        workFinished(comm, w);
+        moved = 1;
       }
-      moved |= ran > 0;
-      if (w->step < w->nSteps) break;
-      comm->queues[q].head = w->next;
-      if (w->next == NULL) comm->queues[q].tail = NULL, comm->nBusyQueues--;
-      workFinished(comm, w);
-      moved = 1;
     }
-  }
   return moved;
 }
 
@@ -527,17 +531,15 @@ gcommResult_t gcommStartGpuProxy(gcommComm_t comm) {
   return gcommStartThread(comm);
 }
 
-/* The caller's fast path (thread mode: in poll mode data moves only in gcommProgress and
- * gcommWait). Where nothing is posted or active ahead of the operations (so call order holds
- * without the engine; only this thread posts) and no pass runs now, the calling thread puts them
- * straight into the queues and runs one pass itself: what can move moves before the call returns
- * (a small operation's sends, a root's broadcast, all of it on one rank), with no hand-off through
- * the posted list and its lock. Returns -1 when it did not run them (the engine fetches them), 1
- * when everything finished there (the progress thread need not hear of it), 0 when work is left
- * in the queues for gcommWait's drivers or the thread. */
+/* The caller's fast path, in both modes. Where nothing is posted or active ahead of the
+ * operations (so call order holds without the engine; only this thread posts) and no pass runs
+ * now, the calling thread puts them straight into the queues and runs one pass itself: what can
+ * move moves before the call returns (a small operation's sends, a root's broadcast, all of it on
+ * one rank), with no hand-off through the posted list and its lock. Returns -1 when it did not run
+ * them (the engine fetches them), 1 when everything finished there (the progress thread need not
+ * hear of it), 0 when work is left in the queues for gcommWait's drivers or the thread. */
 static int runPosted(gcommComm_t comm, gcommOp_t* head) {
-  if (comm->params.proxyMode != GCOMM_PROXY_THREAD ||
-      __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE) != NULL ||
+  if (__atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE) != NULL ||
       pthread_mutex_trylock(&comm->progressLock) != 0)
     return -1;
   if (comm->nActiveWorks > 0) { /* the engine has work ahead */
@@ -581,7 +583,8 @@ gcommResult_t gcommPostOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, i
   else
     __atomic_store_n(&comm->postedHead, head, __ATOMIC_RELEASE);
   comm->postedTail = tail;
-  if (!comm->standby) pthread_cond_signal(&comm->postCond);
+  if (__atomic_load_n(&comm->threadStarted, __ATOMIC_ACQUIRE) && !comm->standby)
+    pthread_cond_signal(&comm->postCond); /* else no one sleeps on it */
   pthread_mutex_unlock(&comm->postLock);
   return gcommSuccess;
 }
@@ -651,7 +654,7 @@ static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int d
     if (ran) {
       if (poll) pthread_mutex_lock(&comm->progressLock);
       int moved = gcommProgressPass(comm);
-      mayNap = !transportsMustPoll(comm);
+      mayNap = moved || !transportsMustPoll(comm); /* asked only where a nap may follow */
       pthread_mutex_unlock(&comm->progressLock);
       if (moved) {
         idleSince = 0, spins = 0;

@@ -215,19 +215,21 @@ static void testSeveral(void) {
   tlReport("comm several: one group of ops on 3 communicators");
 }
 
-/* Does a send move without its rank calling gcomm? Rank 1 sends to rank 0 and then stays out of
- * gcomm until rank 0 has tested for the data for a while: a threaded communicator delivers it, a
- * polled one must not. */
+/* Does a send move without its rank calling gcomm? Rank 1 sends to rank 0 more than a FIFO holds
+ * (2 MB and a little, against 8 slots of 128 KB) and then stays out of gcomm until rank 0 has
+ * tested for the data for a while: a threaded communicator delivers it all, a polled one moves
+ * only what its rank's own calls move (the send's call fills the FIFO once) and must not. */
 static void testProxyMode(gcommComm_t comm, int expectThread, const char* what) {
-  static int32_t data[JOB_COUNT];
+  enum { MODE_COUNT = (2 << 20) / 4 + 7 };
+  static int32_t data[MODE_COUNT];
   uint64_t seed = tlNextSeed();
   int delivered = 0;
   if (tlRank == 1) {
-    tlFillRandom(data, JOB_COUNT, gcommInt32, seed, 1);
-    TL_OK(comm, gcommSend(data, JOB_COUNT, gcommInt32, 0, comm, NULL));
+    tlFillRandom(data, MODE_COUNT, gcommInt32, seed, 1);
+    TL_OK(comm, gcommSend(data, MODE_COUNT, gcommInt32, 0, comm, NULL));
   } else if (tlRank == 0) {
     memset(data, 0, sizeof(data));
-    TL_OK(comm, gcommRecv(data, JOB_COUNT, gcommInt32, 1, comm, NULL));
+    TL_OK(comm, gcommRecv(data, MODE_COUNT, gcommInt32, 1, comm, NULL));
   }
   tlBarrier(MPI_COMM_WORLD);
   if (tlRank == 0) {
@@ -247,7 +249,7 @@ static void testProxyMode(gcommComm_t comm, int expectThread, const char* what) 
   }
   tlBarrier(MPI_COMM_WORLD);
   TL_OK(comm, gcommWait(comm, NULL));
-  for (int i = 0; tlRank == 0 && i < JOB_COUNT; i++)
+  for (int i = 0; tlRank == 0 && i < MODE_COUNT; i++)
     if ((uint32_t)data[i] != (uint32_t)tlHash3(seed, 1, (uint64_t)i)) {
       tlFail("element %d of the message is wrong", i);
       break;
