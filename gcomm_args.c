@@ -181,6 +181,27 @@ static gcommResult_t resolveRedOp(gcommComm_t comm, gcommOp_t* op, const char* w
   return gcommSuccess;
 }
 
+gcommResult_t gcommCheckBuffer(gcommComm_t comm, const void* buf, int isSend, size_t count,
+                               const char* call, const char* where) {
+  const char* name = isSend ? "sendbuff" : "recvbuff";
+#define BAD(...) gcommSetError(comm, gcommInvalidArgument, -1, where, __VA_ARGS__)
+  if (count == 0) return gcommSuccess;
+  if (buf == NULL)
+    return BAD("%s is NULL but %s %s %zu elements %s it on rank %d", name, call,
+               isSend ? "sends" : "receives", count, isSend ? "from" : "into", comm->rank);
+#ifdef GCOMM_GPU
+  if (comm->device >= 0) {
+    if (gcommDeviceBadPointer(comm, buf))
+      return BAD("%s %p is host memory the GPU cannot use (a GPU communicator)", name, buf);
+    return gcommSuccess;
+  }
+#endif
+  if (isDevicePointer(buf))
+    return BAD("%s %p is GPU memory but this is a host communicator", name, buf);
+  return gcommSuccess;
+#undef BAD
+}
+
 gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where) {
   int n = comm->nranks;
   size_t inCount, outCount;
@@ -205,28 +226,8 @@ gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where)
         "address space holds",
         op->count, gcommTypeNames[op->datatype], gcommFuncNames[op->func],
         (inCount > outCount ? inCount : outCount) * esz);
-  if (inCount > 0 && op->sendbuff == NULL)
-    return BAD("sendbuff is NULL but %s sends %zu elements from it on rank %d",
-               gcommFuncNames[op->func], inCount, comm->rank);
-  if (outCount > 0 && op->recvbuff == NULL)
-    return BAD("recvbuff is NULL but %s receives %zu elements into it on rank %d",
-               gcommFuncNames[op->func], outCount, comm->rank);
-#ifdef GCOMM_GPU
-  if (comm->device >= 0) {
-    if (inCount > 0 && gcommDeviceBadPointer(comm, op->sendbuff))
-      return BAD("sendbuff %p is host memory the GPU cannot use (a GPU communicator)",
-                 op->sendbuff);
-    if (outCount > 0 && gcommDeviceBadPointer(comm, op->recvbuff))
-      return BAD("recvbuff %p is host memory the GPU cannot use (a GPU communicator)",
-                 op->recvbuff);
-  } else
-#endif
-  {
-    if (inCount > 0 && isDevicePointer(op->sendbuff))
-      return BAD("sendbuff %p is GPU memory but this is a host communicator", op->sendbuff);
-    if (outCount > 0 && isDevicePointer(op->recvbuff))
-      return BAD("recvbuff %p is GPU memory but this is a host communicator", op->recvbuff);
-  }
+  GCOMM_CHECK(gcommCheckBuffer(comm, op->sendbuff, 1, inCount, gcommFuncNames[op->func], where));
+  GCOMM_CHECK(gcommCheckBuffer(comm, op->recvbuff, 0, outCount, gcommFuncNames[op->func], where));
   if (inCount > 0 && outCount > 0 && !gcommIsInPlace(op, comm->rank, esz)) {
     const char *in = op->sendbuff, *out = op->recvbuff;
     if (in < out + outCount * esz && out < in + inCount * esz)

@@ -182,6 +182,10 @@ struct timespec gcommDeadlineIn(long ns);
 /* ---- gcomm_args.c ---- */
 const char* gcommBadScalarPointer(gcommComm_t comm, const void* scalar, int residence);
 gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where);
+/* A buffer that call moves count elements through on this rank (isSend: reads them): present, and
+ * memory of the communicator's kind (host, or GPU memory the GPU can use). */
+gcommResult_t gcommCheckBuffer(gcommComm_t comm, const void* buf, int isSend, size_t count,
+                               const char* call, const char* where);
 gcommResult_t gcommCheckComm(gcommComm_t comm, const char* where);
 gcommResult_t gcommCheckConfig(const gcommConfig_t* config);
 gcommResult_t gcommAsyncError(gcommComm_t comm, const char* where);

@@ -183,15 +183,6 @@ gcommResult_t gcommEnqueueChecked(gcommComm_t comm, gcommOp_t* args, gcommStream
   return submitOps(comm, op, op, 1, stream, where);
 }
 
-/* A call made of point-to-point parts (gcomm_vcoll.c): every part checked before anything is
- * enqueued, then submitted as one call. */
-gcommResult_t gcommEnqueueParts(gcommComm_t comm, gcommOp_t* parts, int n, int func,
-                                uint64_t countsHash, gcommStream_t stream, const char* where) {
-  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
-  for (int i = 0; i < n; i++) GCOMM_CHECK(gcommCheckArgs(comm, &parts[i], where));
-  return gcommSubmitParts(comm, parts, n, func, countsHash, stream, where);
-}
-
 /* The parts of a call whose checks are done: one collective sequence number, every part tagged
  * as the call (func, its datatype and root, a hash of countsHash or, when 0, of the part's count),
  * posted or launched together. */

@@ -343,14 +343,11 @@ typedef struct {
  * a host communicator, no earlier error that stopped it. */
 gcommResult_t gcommEnqueueCheck(gcommComm_t comm, gcommStream_t stream, const char* where);
 /* Enqueues one call made of n point-to-point parts (Send/Recv arguments; gcomm_vcoll.c's vector
- * collectives): every part checked before any is enqueued, then all posted or launched together
- * (or held by the group) under one collective sequence number, each tagged as a call of func with
- * the part's datatype and root and a hash of countsHash (when 0: of the part's count), so that a
- * peer in another call is named. */
-gcommResult_t gcommEnqueueParts(gcommComm_t comm, gcommOp_t* parts, int n, int func,
-                                uint64_t countsHash, gcommStream_t stream, const char* where);
-/* The same for parts whose checks are done: the call's own, checked whole, of which each part
- * is a piece (gcommCollParts); neither the communicator nor a part is checked again. */
+ * collectives), whose checks are done: the call's own, of its communicator and of its buffers
+ * whole, of which each part is a piece, so no part is checked again. All are posted or launched
+ * together (or held by the group) under one collective sequence number, each tagged as a call of
+ * func with the part's datatype and root and a hash of countsHash (when 0: of the part's count),
+ * so that a peer in another call is named. */
 gcommResult_t gcommSubmitParts(gcommComm_t comm, gcommOp_t* parts, int n, int func,
                                uint64_t countsHash, gcommStream_t stream, const char* where);
 

@@ -158,7 +158,7 @@ int gcommByParts(gcommComm_t comm, const gcommOp_t* args) {
 /* Channels pay off once each gets a few slots of data: one per perChannel bytes, at most the
  * collective channels (or the point-to-point channels for a Send/Recv). For a Send/Recv, bytes is
  * count * type size: sender and receiver derive the same number, so their slices meet on the
- * same lanes. A part of a call of nParts parts (gcommEnqueueParts; 0: a call of its own) takes
+ * same lanes. A part of a call of nParts parts (gcommSubmitParts; 0: a call of its own) takes
  * its share of the call's one launch on a GPU: with LL of a medium launch (1 block an SM, whose
  * launch costs half the large one's: all-to-all 128 KB with plain launches on 2 H100s, 9.3-10.0
  * us against 13.5), else of the blocks the rank may run; every rank derives the same share. */

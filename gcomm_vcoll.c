@@ -6,11 +6,12 @@
  * executors, host and GPU, compute from one count) do not fit. A vector collective is the direct
  * pattern instead: a send and a receive per pair of ranks that exchange data, and a copy of the
  * rank's own block (gcommFuncCopy: once from input to output, no FIFO between), all enqueued as
- * one operation (gcommEnqueueParts). Each pair moves on its own point-to-point queue at once,
+ * one operation (gcommSubmitParts). Each pair moves on its own point-to-point queue at once,
  * pipelined through the FIFO slots and split over channels when large (host: one batch of the
  * progress engine; GPU: one kernel launch, a block per pair and channel), never one pair after
- * another. The call's checks come first and cover the whole call; nothing is enqueued when one
- * fails.
+ * another. The call's checks come first and cover the whole call (its counts, displacements and
+ * buffers, each buffer once: the parts are pieces of them and are not checked again); nothing is
+ * enqueued when one fails.
  *
  * Mismatch detection: every part is tagged as the call (its kind, datatype, root, sequence
  * number), AllGatherV with a hash of recvcounts (the same array on every rank), the others with
@@ -142,6 +143,15 @@ static void vAllGather(VCall* v, const void* sendbuff, size_t sendcount, void* r
   }
 }
 
+/* A buffer the call moves count elements through on this rank (isSend: reads them), checked
+ * once for all the parts that are pieces of it (gcommCheckBuffer). */
+static gcommResult_t vBuffer(VCall* v, const void* buf, int isSend, size_t count) {
+  if (count > SIZE_MAX / 2 / v->esz)
+    return V_BAD(v, "%s: %zu elements of %s are too many", isSend ? "sendbuff" : "recvbuff", count,
+                 gcommTypeNames[v->datatype]);
+  return gcommCheckBuffer(v->comm, buf, isSend, count, v->where + strlen("gcomm"), v->where);
+}
+
 /* Buffers that meet outside the in-place layout are rejected, as for the other collectives. */
 static gcommResult_t vNoOverlap(VCall* v, const void* in, size_t inBytes, const void* out,
                                 size_t outBytes) {
@@ -177,10 +187,12 @@ gcommResult_t gcommAllGatherV(const void* sendbuff, size_t sendcount, void* recv
       res == gcommSuccess && sendbuff != NULL && sendbuff == vAt(recvbuff, displs[r], v.esz);
   if (res == gcommSuccess && !inPlace)
     res = vNoOverlap(&v, sendbuff, sendcount * v.esz, recvbuff, extent);
+  if (res == gcommSuccess) res = vBuffer(&v, sendbuff, 1, sendcount);
+  if (res == gcommSuccess) res = vBuffer(&v, recvbuff, 0, extent / v.esz);
   if (res != gcommSuccess) return vEnd(&v, res);
   vAllGather(&v, sendbuff, sendcount, recvbuff, recvcounts, displs);
-  return vEnd(&v, gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncAllGatherV,
-                                    hashCounts(recvcounts, n), stream, __func__));
+  return vEnd(&v, gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncAllGatherV,
+                                   hashCounts(recvcounts, n), stream, __func__));
 }
 
 gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
@@ -197,10 +209,12 @@ gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, con
   if (res == gcommSuccess && sendcounts[r] != recvcounts[r])
     res = V_BAD(&v, "sendcounts[%d] = %zu and recvcounts[%d] = %zu differ (this rank's own block)",
                 r, sendcounts[r], r, recvcounts[r]);
+  if (res == gcommSuccess) res = vBuffer(&v, sendbuff, 1, inBytes / v.esz);
+  if (res == gcommSuccess) res = vBuffer(&v, recvbuff, 0, outBytes / v.esz);
   if (res != gcommSuccess) return vEnd(&v, res);
   vExchange(&v, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls);
   return vEnd(&v,
-              gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncAllToAllV, 0, stream, __func__));
+              gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncAllToAllV, 0, stream, __func__));
 }
 
 /* Root's side of GatherV (gather) or ScatterV: its own block `own` (ownCount elements: GatherV's
@@ -214,6 +228,8 @@ static gcommResult_t vRoot(VCall* v, int gather, const void* own, size_t ownCoun
   if (ownCount != counts[r])
     return V_BAD(v, "%s %zu is not %s[%d] = %zu (root's own block)",
                  gather ? "sendcount" : "recvcount", ownCount, countsName, r, counts[r]);
+  GCOMM_CHECK(vBuffer(v, own, gather, ownCount));
+  GCOMM_CHECK(vBuffer(v, all, !gather, extent / v->esz));
   int inPlace = own != NULL && own == vAt(all, displs[r], v->esz);
   if (!inPlace) {
     GCOMM_CHECK(gather ? vNoOverlap(v, own, ownBytes, all, extent)
@@ -265,12 +281,14 @@ gcommResult_t gcommGatherV(const void* sendbuff, size_t sendcount, void* recvbuf
   VCall v;
   GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, stream, __func__));
   gcommResult_t res = gcommSuccess;
-  if (comm->rank != root) /* recvbuff, recvcounts and displs are root's */
+  if (comm->rank != root) { /* recvbuff, recvcounts and displs are root's */
+    res = vBuffer(&v, sendbuff, 1, sendcount);
     vPart(&v, gcommFuncSend, sendbuff, sendcount, root);
-  else
+  } else {
     res = vRoot(&v, 1, sendbuff, sendcount, recvbuff, recvcounts, displs);
+  }
   if (res == gcommSuccess)
-    res = gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncGatherV, 0, stream, __func__);
+    res = gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncGatherV, 0, stream, __func__);
   return vEnd(&v, res);
 }
 
@@ -280,11 +298,13 @@ gcommResult_t gcommScatterV(const void* sendbuff, const size_t* sendcounts, cons
   VCall v;
   GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, stream, __func__));
   gcommResult_t res = gcommSuccess;
-  if (comm->rank != root) /* sendbuff, sendcounts and displs are root's */
+  if (comm->rank != root) { /* sendbuff, sendcounts and displs are root's */
+    res = vBuffer(&v, recvbuff, 0, recvcount);
     vPart(&v, gcommFuncRecv, recvbuff, recvcount, root);
-  else
+  } else {
     res = vRoot(&v, 0, recvbuff, recvcount, sendbuff, sendcounts, displs);
+  }
   if (res == gcommSuccess)
-    res = gcommEnqueueParts(comm, v.parts, v.nParts, gcommFuncScatterV, 0, stream, __func__);
+    res = gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncScatterV, 0, stream, __func__);
   return vEnd(&v, res);
 }

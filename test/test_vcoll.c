@@ -334,6 +334,18 @@ static void testBadArguments(void) {
             "sdispls", "AllToAllV with a displacement past the address space");
   expectBad(gcommAllGatherV(buf, 1, buf + 64, counts, displs, gcommFloat64, comm, (void*)buf),
             "stream", "AllGatherV with a stream on a host communicator");
+  for (int k = 0; k < n; k++) displs[k] = (size_t)k;
+  expectBad(gcommAllGatherV(buf, 1, NULL, counts, displs, gcommFloat64, comm, NULL), "recvbuff",
+            "AllGatherV recvbuff NULL with blocks to receive");
+  expectBad(
+      gcommAllToAllV(NULL, counts, displs, buf + 64, counts, displs, gcommFloat64, comm, NULL),
+      "sendbuff", "AllToAllV sendbuff NULL with blocks to send");
+  expectBad(gcommGatherV(NULL, 1, buf + 64, counts, displs, gcommFloat64, 0, comm, NULL),
+            "sendbuff", "GatherV sendbuff NULL with a block to send");
+  expectBad(gcommScatterV(buf, counts, displs, NULL, 1, gcommFloat64, 0, comm, NULL), "recvbuff",
+            "ScatterV recvbuff NULL with a block to receive");
+  expectBad(gcommGatherV(buf, SIZE_MAX / 4, buf + 64, counts, displs, gcommFloat64, 0, comm, NULL),
+            me == 0 ? "sendcount" : "sendbuff", "GatherV sendcount past the address space");
 }
 
 /* The last rank's recvcounts say rank 0's block is one element longer than rank 0 sends. */
