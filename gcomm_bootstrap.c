@@ -372,7 +372,7 @@ static gcommResult_t connectTransports(gcommComm_t comm) {
   comm->recvConns = calloc((size_t)comm->nLanes * comm->nranks, sizeof(gcommConn_t));
   comm->nQueues = comm->nChannels + 2 * comm->nranks * comm->nP2pChannels;
   comm->queues = calloc(comm->nQueues, sizeof(gcommQueue_t));
-  comm->busyQueues = calloc(((size_t)comm->nQueues + 63) / 64, sizeof(uint64_t));
+  comm->busyQueues = calloc((size_t)busyQueueWords(comm), sizeof(uint64_t));
   comm->localRevoked = calloc(comm->nLocal, sizeof(*comm->localRevoked));
   gcommResult_t res = comm->sendConns && comm->recvConns && comm->queues && comm->busyQueues &&
                               comm->localRanks && comm->localRevoked

@@ -23,6 +23,10 @@ static inline gcommConn_t* sendConn(gcommComm_t comm, int lane, int peer) {
 static inline gcommConn_t* recvConn(gcommComm_t comm, int lane, int peer) {
   return &comm->recvConns[lane * comm->nranks + peer];
 }
+/* The 64-bit words of comm->busyQueues, a bit a queue. */
+static inline int busyQueueWords(gcommComm_t comm) {
+  return (comm->nQueues + 63) / 64;
+}
 
 static inline char* opBuffer(const gcommOp_t* op, int which) {
   if (which == GCOMM_BUF_IN) return (char*)op->sendbuff;

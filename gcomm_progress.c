@@ -155,7 +155,7 @@ void gcommDrainAll(gcommComm_t comm) {
     }
     comm->queues[q].tail = NULL;
   }
-  memset(comm->busyQueues, 0, ((size_t)comm->nQueues + 63) / 64 * sizeof(uint64_t));
+  memset(comm->busyQueues, 0, (size_t)busyQueueWords(comm) * sizeof(uint64_t));
 }
 
 /* Tells the other ranks that this rank's communicator stopped, and why, so that those blocked on
@@ -324,7 +324,7 @@ static void workFailed(gcommComm_t comm, gcommResult_t res) {
  * -1 when a work failed (the communicator has stopped), else whether anything moved. */
 static int runQueues(gcommComm_t comm) {
   int moved = 0;
-  for (int word = 0; word < (comm->nQueues + 63) / 64; word++)
+  for (int word = 0; word < busyQueueWords(comm); word++)
     for (uint64_t bits = comm->busyQueues[word]; bits != 0; bits &= bits - 1) {
       int q = word * 64 + __builtin_ctzll(bits);
       gcommWork_t* w;
