@@ -183,6 +183,11 @@ GCOMM_HD int gcommSchedChannelAlgo(const gcommSched_t* s) {
   return s->algo == gcommAlgoRecDbl && !gcommRecDblFits(s) ? gcommAlgoDirect : s->algo;
 }
 
+/* Steps of a direct reduction (gcommDirectReduce): n-1 sends, then the n-1 receives two a step. */
+GCOMM_HD long gcommDirectReduceSteps(int n) {
+  return (n - 1) + n / 2;
+}
+
 /* Steps one round (one chunk of the channel range) takes on this rank. */
 GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
   int n = s->nranks, r = s->rank, algo = gcommSchedChannelAlgo(s);
@@ -190,7 +195,7 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
   switch (s->func) {
     case gcommFuncAllReduce:
       if (s->algo == gcommAlgoDirect) return n == 2 ? 2 : 2 * ((n + 1) / 2);
-      if (s->algo == gcommAlgoTwoShot) return (2 * n - 2) + (2 * n - 1);
+      if (s->algo == gcommAlgoTwoShot) return 2 * gcommDirectReduceSteps(n);
       return s->algo == gcommAlgoTree ? 2 : 2 * n - 1;
     case gcommFuncBroadcast:
       return (s->algo == gcommAlgoDirect && r == s->root) ? n : 1;
@@ -201,7 +206,7 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
              : algo == gcommAlgoDirect                         ? 2 * n - 1
                                                                : n;
     case gcommFuncReduceScatter:
-      return s->algo == gcommAlgoDirect ? 2 * n - 2 : n;
+      return s->algo == gcommAlgoDirect ? gcommDirectReduceSteps(n) : n;
     case gcommFuncAllToAll:
       return 2 * n - 1;
     case gcommFuncGather:
@@ -286,10 +291,13 @@ GCOMM_HD int gcommDirectPeer(int rank, int n, long t, int* sending) {
   return gcommMod(rank - (int)(t - n + 1), n);
 }
 
-/* A direct reduction in 2n-2 steps: send block p of the input to each rank p (t < n-1), then
- * reduce what every other rank sent, from rank-1 down to rank+1: the first of those steps takes
- * this rank's own input block as its operand, the others the output (blk: elements between
- * blocks; 0 when every rank reduces the whole range, as the one-shot AllReduce does). */
+/* A direct reduction in gcommDirectReduceSteps: send block p of the input to each rank p
+ * (t < n-1), then combine what every other rank sent, two ranks a step, from rank-1 down to rank+1:
+ * step j receives from ranks r-1-2j and r-2-2j. The first of those steps takes this rank's own
+ * input block as its operand, the others the output, so the value is x_r op x_r-1 op x_r-2 ...
+ * in that order, as one rank a step would compute it, in one step fewer for every two ranks
+ * (a step's fixed work is what a small reduction on a GPU costs). blk: elements between blocks;
+ * 0 when every rank reduces the whole range, as the one-shot AllReduce does. */
 GCOMM_HD void gcommDirectReduce(int r, int n, long t, size_t blk, size_t off, gcommStep_t* st) {
   st->srcOff = st->dstOff = off;
   st->src = GCOMM_BUF_IN;
@@ -299,14 +307,16 @@ GCOMM_HD void gcommDirectReduce(int r, int n, long t, size_t blk, size_t off, gc
     st->sendPeer[0] = p;
     return;
   }
-  st->recvPeer[0] = gcommMod(r - (int)(t - n + 2), n);
+  int j = (int)(t - (n - 1));
+  st->recvPeer[0] = gcommMod(r - 1 - 2 * j, n);
+  if (2 * j + 2 <= n - 1) st->recvPeer[1] = gcommMod(r - 2 - 2 * j, n);
   st->reduce = 1;
   st->dst = GCOMM_BUF_OUT;
-  if (t == n - 1)
+  if (j == 0)
     st->srcOff = r * blk + off;
   else
     st->src = GCOMM_BUF_OUT;
-  st->postOp = t == 2 * n - 3;
+  st->postOp = j == n / 2 - 1;
 }
 
 /* A direct exchange: send input block p (at p*blk) to each rank p, copy this rank's own block,
@@ -436,20 +446,21 @@ GCOMM_HD void gcommStepAllReduceOneShot(const gcommSched_t* s, const gcommRound_
 }
 
 /* Two-shot AllReduce, a round of c elements cut into n blocks (as the ring's):
- *   reduce-scatter, t = 0 .. 2n-3: a direct reduction of block r (gcommDirectReduce's order: send
+ *   reduce-scatter, the first gcommDirectReduceSteps steps: a direct reduction of block r (send
  *     block p of the input to rank p, then combine what every other rank sent into output
  *     block r);
- *   all-gather, t = 2n-2 .. 4n-4: a direct exchange of the finished block r (gcommDirectPeer's
- *     order: send it to every rank, then receive every other rank's into its output block).
+ *   all-gather, the next as many: send the finished block r to every other rank, two a step
+ *     (ranks r+1+2j and r+2+2j), then receive every other rank's into its output block, from
+ *     rank-1 down to rank+1.
  * Two hops instead of the ring's 2(n-1); each block is reduced by one rank and copied to the
  * others, so every rank gets the same bits. In place, input block p is sent before output block
  * p is written. */
 GCOMM_HD void gcommStepAllReduceTwoShot(const gcommSched_t* s, const gcommRound_t* q,
                                         gcommStep_t* st) {
   int n = s->nranks, r = s->rank;
-  long t = q->t;
+  long t = q->t, half = gcommDirectReduceSteps(n);
   size_t off = q->off, c = q->c, pc = gcommRankBlock(c, n, s->align);
-  if (t < 2 * n - 2) { /* reduce-scatter */
+  if (t < half) { /* reduce-scatter */
     gcommDirectReduce(r, n, t, 0, 0, st);
     int k = t < n - 1 ? st->sendPeer[0] : r; /* the block this step moves */
     st->srcOff = off + gcommBlockStart(c, pc, k);
@@ -457,20 +468,18 @@ GCOMM_HD void gcommStepAllReduceTwoShot(const gcommSched_t* s, const gcommRound_
     st->count = gcommBlockStart(c, pc, k + 1) - gcommBlockStart(c, pc, k);
     return;
   }
-  int sending, p = gcommDirectPeer(r, n, t - (2 * n - 2), &sending);
-  if (sending) { /* block r, finished, to rank p */
+  int j = (int)(t - half), k = r; /* k: the block this step moves */
+  if (j < n / 2) {                /* block r, finished, to ranks r+1+2j and r+2+2j */
     st->src = GCOMM_BUF_OUT;
-    st->srcOff = off + gcommBlockStart(c, pc, r);
-    st->count = gcommBlockStart(c, pc, r + 1) - gcommBlockStart(c, pc, r);
-    st->sendPeer[0] = p;
-  } else if (p == r) { /* its own block is in place already */
-    st->count = 0;
-  } else { /* rank p's block */
-    st->recvPeer[0] = p;
+    st->sendPeer[0] = (r + 1 + 2 * j) % n;
+    if (2 * j + 2 <= n - 1) st->sendPeer[1] = (r + 2 + 2 * j) % n;
+  } else { /* rank k's block */
+    k = gcommMod(r - 1 - (j - n / 2), n);
+    st->recvPeer[0] = k;
     st->dst = GCOMM_BUF_OUT;
-    st->dstOff = off + gcommBlockStart(c, pc, p);
-    st->count = gcommBlockStart(c, pc, p + 1) - gcommBlockStart(c, pc, p);
   }
+  st->srcOff = st->dstOff = off + gcommBlockStart(c, pc, k);
+  st->count = gcommBlockStart(c, pc, k + 1) - gcommBlockStart(c, pc, k);
 }
 
 /* Chain Broadcast (the ring algorithm): root -> root+1 -> ... -> root-1. The root sends its input

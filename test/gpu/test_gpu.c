@@ -382,7 +382,6 @@ int main(int argc, char** argv) {
     } else {
       unsetenv("GCOMM_ALGO");
       unsetenv("GCOMM_PROTO");
-      unsetenv("GCOMM_PROTO");
     }
     gcommComm_t comm;
     CK(gcommCommInitMPI(&comm, MPI_COMM_WORLD, NULL));
