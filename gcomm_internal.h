@@ -40,11 +40,17 @@ int gcommLogEnabled(int level, int subsys);
 #define GCOMM_WARN(comm, ...) \
   gcommLog(GCOMM_LOG_WARN, GCOMM_SUBSYS_ALL, comm, __func__, __VA_ARGS__)
 #define GCOMM_INFO(subsys, comm, ...) gcommLog(GCOMM_LOG_INFO, subsys, comm, __func__, __VA_ARGS__)
-/* every operation traces: its arguments are evaluated, and the call made, only when logged */
-#define GCOMM_TRACE(subsys, comm, ...)                                \
-  do {                                                                \
-    if (gcommLogEnabled(GCOMM_LOG_TRACE, subsys))                     \
-      gcommLog(GCOMM_LOG_TRACE, subsys, comm, __func__, __VA_ARGS__); \
+/* The subsystems GCOMM_DEBUG=TRACE logs, once the log is set up; every bit until then, so that
+ * the first trace sets it up (gcommLogEnabled). */
+extern int gcommTraceSubsys;
+/* every operation traces: its arguments are evaluated, and the call made, only when logged; an
+ * untraced operation pays one load and a test (a call to gcommLogEnabled cost ~40 instructions
+ * an operation) */
+#define GCOMM_TRACE(subsys, comm, ...)                                            \
+  do {                                                                            \
+    if ((__atomic_load_n(&gcommTraceSubsys, __ATOMIC_RELAXED) & (subsys)) != 0 && \
+        gcommLogEnabled(GCOMM_LOG_TRACE, subsys))                                 \
+      gcommLog(GCOMM_LOG_TRACE, subsys, comm, __func__, __VA_ARGS__);             \
   } while (0)
 
 /* Records and logs an error: what (the message), where (the function), which peer (when >= 0,

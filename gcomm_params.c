@@ -250,6 +250,7 @@ static int logLevel = GCOMM_LOG_WARN;
 static int logSubsys = GCOMM_SUBSYS_ALL;
 static FILE* logFile;
 static pthread_mutex_t logLock = PTHREAD_MUTEX_INITIALIZER;
+int gcommTraceSubsys = GCOMM_SUBSYS_ALL;
 static char hostName[64];
 static __thread char threadLastError[1024];
 
@@ -329,6 +330,8 @@ static void logInit(void) {
                path, strerror(errno));
   }
   if (logFile == NULL) logFile = stderr;
+  __atomic_store_n(&gcommTraceSubsys, logLevel >= GCOMM_LOG_TRACE ? logSubsys : 0,
+                   __ATOMIC_RELAXED);
   for (int i = 0; i < nBad && logLevel >= GCOMM_LOG_WARN; i++)
     logWrite(GCOMM_LOG_WARN, NULL, "logInit", bad[i]);
 }
