@@ -103,8 +103,7 @@ gcommResult_t gcommCheckComm(gcommComm_t comm, const char* where) {
 
 /* The error that stopped comm: the engine's or, on a GPU communicator, a kernel's as soon as the
  * kernel has recorded it in mapped memory (no CUDA call, no wait for the stream). */
-gcommResult_t gcommAsyncError(gcommComm_t comm, const char* where) {
-  gcommRevokeSeen(comm); /* a rank that waits on nobody learns of a revoke at its next call */
+static gcommResult_t stoppedError(gcommComm_t comm, const char* where) {
 #ifdef GCOMM_GPU
   if (comm->device >= 0 && __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
     gcommDeviceKernelError(comm, where);
@@ -112,6 +111,11 @@ gcommResult_t gcommAsyncError(gcommComm_t comm, const char* where) {
   (void)where;
 #endif
   return (gcommResult_t)__atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE);
+}
+
+gcommResult_t gcommAsyncError(gcommComm_t comm, const char* where) {
+  gcommRevokeSeen(comm); /* a rank that waits on nobody learns of a revoke at its next call */
+  return stoppedError(comm, where);
 }
 
 /* A CUDA device pointer on a host communicator. libcuda is only asked if the process has
@@ -261,18 +265,29 @@ static gcommResult_t checkOwner(gcommComm_t comm, const char* where) {
                        last ? last : "none yet");
 }
 
-/* The checks every call makes before its own arguments'. */
-gcommResult_t gcommEnqueueCheck(gcommComm_t comm, gcommStream_t stream, const char* where) {
-  GCOMM_CHECK(gcommCheckComm(comm, where));
-  GCOMM_CHECK(checkOwner(comm, where));
+/* The checks of a call on a live communicator of this thread: its stream, and async, the error
+ * that stopped it (gcommAsyncError) or success. */
+static gcommResult_t checkRunning(gcommComm_t comm, gcommStream_t stream, gcommResult_t async,
+                                  const char* where) {
   if (stream != NULL && comm->device < 0)
     return gcommSetError(comm, gcommInvalidArgument, -1, where,
                          "stream must be NULL on a host communicator");
-  gcommResult_t async = gcommAsyncError(comm, where);
   if (async != gcommSuccess)
     return gcommSetError(comm, async, -1, where,
                          "the communicator has stopped on an earlier error: %s", comm->lastError);
   return gcommSuccess;
+}
+
+/* The checks every call makes before its own arguments'. */
+gcommResult_t gcommEnqueueCheck(gcommComm_t comm, gcommStream_t stream, const char* where) {
+  GCOMM_CHECK(gcommCheckComm(comm, where));
+  GCOMM_CHECK(checkOwner(comm, where));
+  return checkRunning(comm, stream, gcommAsyncError(comm, where), where);
+}
+
+gcommResult_t gcommEnqueueCheckHeld(gcommComm_t comm, gcommStream_t stream, const char* where) {
+  __atomic_store_n(&comm->ownerLastCall, where, __ATOMIC_RELAXED); /* as checkOwner */
+  return checkRunning(comm, stream, stoppedError(comm, where), where);
 }
 
 /* Where a scalar of residence can be read: the host now (immediate), the kernels (device

@@ -191,6 +191,11 @@ gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where)
 gcommResult_t gcommCheckBuffer(gcommComm_t comm, const void* buf, int isSend, size_t count,
                                const char* call, const char* where);
 gcommResult_t gcommCheckComm(gcommComm_t comm, const char* where);
+/* gcommEnqueueCheck of a call on a communicator whose operations this thread's open group holds:
+ * it is live (a destroy refuses it) and this thread's (an earlier call of the group passed the
+ * owner check), so only the stream and an error that stopped it since are checked (the revoke
+ * words, a load a local rank, were read by the group's first call, and its wait reads them). */
+gcommResult_t gcommEnqueueCheckHeld(gcommComm_t comm, gcommStream_t stream, const char* where);
 gcommResult_t gcommCheckConfig(const gcommConfig_t* config);
 gcommResult_t gcommAsyncError(gcommComm_t comm, const char* where);
 int gcommCommIsLive(gcommComm_t comm);

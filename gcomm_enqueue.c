@@ -160,7 +160,9 @@ static gcommResult_t submitOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tai
 
 gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                            const char* where) {
-  GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
+  /* groupComms: the last communicator whose operations the open group holds (NULL: none) */
+  GCOMM_CHECK(comm != NULL && comm == groupComms ? gcommEnqueueCheckHeld(comm, stream, where)
+                                                 : gcommEnqueueCheck(comm, stream, where));
   return gcommEnqueueChecked(comm, args, stream, where);
 }
 
