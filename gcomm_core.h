@@ -146,9 +146,9 @@ int gcommPeerIsDead(gcommComm_t comm, int peer);
 uint32_t gcommOpTag(const gcommOp_t* op);
 
 /* ---- gcomm_progress.c ---- */
-/* An operation record with room for nWorks works, zeroed (NULL: out of memory); the owner thread
- * only. gcommOpRelease gives it back, from any thread; gcommOpPoolFree frees the pool at
- * destroy. */
+/* An operation record with room for nWorks works, unwritten but for pooled (NULL: out of memory;
+ * the caller writes the rest); the owner thread only. gcommOpRelease gives it back, from any
+ * thread; gcommOpPoolFree frees the pool at destroy. */
 gcommOp_t* gcommOpAlloc(gcommComm_t comm, int nWorks);
 void gcommOpRelease(gcommComm_t comm, gcommOp_t* op);
 void gcommOpPoolFree(gcommComm_t comm);

@@ -29,10 +29,24 @@ static void choose(gcommComm_t comm, int func, size_t bytes, int nParts, int* al
   *algo = c->algo, *proto = c->proto, *nch = c->nChannels;
 }
 
+/* The queue and lane of channel c's work of op: a Send/Recv's queue per (direction, peer, p2p
+ * channel) and lane per p2p channel (a Copy takes its rank's send queues); a collective's
+ * channel c. */
+static void workPlace(gcommComm_t comm, const gcommOp_t* op, int c, gcommWork_t* w) {
+  if (gcommIsPointToPoint(op->func)) {
+    int dir = op->func == gcommFuncRecv;
+    w->queue = comm->nChannels + (dir * comm->nranks + op->peer) * comm->nP2pChannels + c;
+    w->lane = comm->nChannels + c;
+  } else {
+    w->queue = w->lane = c;
+  }
+}
+
 /* Splits a checked operation into its works: one per channel, each a contiguous slice
  * (chanOff, chanCount). Collectives use the collective channels; a Send/Recv uses the
  * point-to-point channels, as many as its byte count gives (the same on both sides); a part of a
- * call of nParts parts (not 0) its share of the call's launch (gcommChooseChannels). */
+ * call of nParts parts (not 0) its share of the call's launch (gcommChooseChannels). The record
+ * is written whole here (the arguments, then each work from a literal): never zeroed first. */
 static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int nParts) {
   int n = comm->nranks, isP2p = gcommIsPointToPoint(args->func);
   size_t esz = gcommTypeSize(args->datatype);
@@ -48,6 +62,7 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int nParts) {
   op->algo = algo;
   op->proto = proto;
   op->nChannels = nch;
+  op->nWorks = 0;
   op->seq = isP2p ? 0 : gcommOwnerAdd(&comm->collSeq, 1); /* dumps read it */
   op->tag = comm->params.checkMismatch ? gcommOpTag(op) : 0;
   /* one rank in place: nothing to move (no launch, no engine pass), unless PreMulSum scales */
@@ -63,28 +78,21 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int nParts) {
     size_t off = per * c;
     if (off >= args->count) break;
     gcommWork_t* w = &op->works[op->nWorks];
-    w->op = op;
-    w->sched.func = args->func;
-    w->sched.algo = algo;
-    w->sched.nranks = n;
-    w->sched.rank = comm->rank;
-    w->sched.root = args->root;
-    w->sched.peer = args->peer;
-    w->sched.count = args->count;
-    w->sched.chanOff = off;
-    w->sched.chanCount = gcommMinSize(per, args->count - off);
-    w->sched.chunk = chunk;
-    w->sched.align = align;
+    *w = (gcommWork_t){.op = op,
+                       .sched = {.func = args->func,
+                                 .algo = algo,
+                                 .nranks = n,
+                                 .rank = comm->rank,
+                                 .root = args->root,
+                                 .peer = args->peer,
+                                 .count = args->count,
+                                 .chanOff = off,
+                                 .chanCount = gcommMinSize(per, args->count - off),
+                                 .chunk = chunk,
+                                 .align = align}};
     w->nSteps = gcommSchedNumSteps(&w->sched);
     if (w->nSteps == 0) continue;
-    if (isP2p) { /* queue per (direction, peer, p2p channel); lane per p2p channel (a Copy
-                  * takes its rank's send queues) */
-      int dir = args->func == gcommFuncRecv;
-      w->queue = comm->nChannels + (dir * n + args->peer) * comm->nP2pChannels + c;
-      w->lane = comm->nChannels + c;
-    } else {
-      w->queue = w->lane = c;
-    }
+    workPlace(comm, op, c, w);
     op->nWorks++;
   }
   op->nWorksLeft = op->nWorks;

@@ -42,8 +42,11 @@ static void takePool(gcommComm_t comm) {
 }
 
 gcommOp_t* gcommOpAlloc(gcommComm_t comm, int nWorks) {
-  size_t bytes = sizeof(gcommOp_t) + (size_t)nWorks * sizeof(gcommWork_t);
-  if (nWorks > 1) return calloc(1, bytes);
+  if (nWorks > 1) {
+    gcommOp_t* op = malloc(sizeof(gcommOp_t) + (size_t)nWorks * sizeof(gcommWork_t));
+    if (op != NULL) op->pooled = 0;
+    return op;
+  }
   if (comm->opFree == NULL) takePool(comm);
   gcommOp_t* op = comm->opFree;
   if (op == NULL) {
@@ -53,7 +56,6 @@ gcommOp_t* gcommOpAlloc(gcommComm_t comm, int nWorks) {
     comm->opFree = op->next;
     comm->opFreeSize--;
   }
-  memset(op, 0, bytes);
   op->pooled = 1;
   return op;
 }
