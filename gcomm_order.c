@@ -110,7 +110,8 @@ static const char* workOutput(gcommComm_t comm, const gcommWork_t* w, size_t* le
 int gcommWorkMayStart(gcommComm_t comm, gcommWork_t* w) {
   if (w->mayStart) return 1;
   if (!gcommOpMayStart(comm, w->op)) return 0;
-  if (sendsByRef(comm)) {
+  /* no send by reference yet on this communicator: none to look for (gcommRefOverlapsElsewhere) */
+  if (sendsByRef(comm) && __atomic_load_n(&comm->refsUsed, __ATOMIC_RELAXED)) {
     size_t len;
     const char* out = workOutput(comm, w, &len);
     if (gcommRefOverlapsElsewhere(comm, w->lane, out, len, w->op->batch)) return 0;
