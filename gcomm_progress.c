@@ -572,7 +572,10 @@ gcommResult_t gcommPostOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, i
   comm->batches++;
   for (gcommOp_t* op = head; op != NULL; op = op->next) op->batch = comm->batches;
   int ran = runPosted(comm, head);
-  if (ran == 1) return gcommSuccess;
+  /* done, or left in the queues with no progress thread to tell (poll mode: the caller's waits
+   * drive them) */
+  if (ran == 1 || (ran == 0 && !__atomic_load_n(&comm->threadStarted, __ATOMIC_ACQUIRE)))
+    return gcommSuccess;
   pthread_mutex_lock(&comm->postLock);
   if (ran == 0) { /* active already: wake the thread for what is left unless a driver runs */
     comm->callerLeft = 1;
