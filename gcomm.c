@@ -44,6 +44,7 @@ static void commFree(gcommComm_t comm) {
   }
   if (comm->queues) gcommDrainAll(comm); /* frees whatever never ran */
   gcommOpPoolFree(comm);
+  free(comm->partArgs);
   gcommProfFinalize(comm); /* no hook runs after this */
   /* the transports: all closed (in setup order), then freed (in reverse) */
   for (int i = 0; i < comm->nTransports; i++)

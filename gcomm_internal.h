@@ -606,6 +606,10 @@ struct gcommComm {
   gcommOp_t* opPool;
   gcommOp_t* opFree;
   int opFreeSize;
+  /* A vector collective's (or a collective moving as parts) arguments of its parts as the call
+   * builds them (gcomm_vcoll.c): 2 * nranks records, made at the first such call and kept, the
+   * owner thread's (the parts are copied into operation records before the call returns). */
+  gcommOp_t* partArgs;
   /* The cost model's last choice for each function (owner thread only): a program repeats its
    * sizes, and the choice depends on nothing else that changes. bytesKey: bytes + 1, 0 none;
    * nParts: the parts of the call it was for (gcommChooseChannels). */

@@ -49,8 +49,10 @@ static gcommResult_t vInit(VCall* v, gcommComm_t comm, gcommDataType_t datatype,
   v->datatype = datatype;
   v->root = hasRoot ? root : 0;
   v->esz = gcommTypeSize(datatype);
-  v->parts = malloc(2 * (size_t)comm->nranks * sizeof(gcommOp_t));
-  if (v->parts == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
+  if (comm->partArgs == NULL) comm->partArgs = malloc(2 * (size_t)comm->nranks * sizeof(gcommOp_t));
+  if (comm->partArgs == NULL)
+    return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
+  v->parts = comm->partArgs;
   return gcommSuccess;
 }
 
@@ -59,11 +61,6 @@ static gcommResult_t vBegin(VCall* v, gcommComm_t comm, gcommDataType_t datatype
                             int hasRoot, gcommStream_t stream, const char* where) {
   GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
   return vInit(v, comm, datatype, root, hasRoot, where);
-}
-
-static gcommResult_t vEnd(VCall* v, gcommResult_t res) {
-  free(v->parts);
-  return res;
 }
 
 /* Element displ of base (NULL stays NULL: a buffer a rank does not use). */
@@ -82,7 +79,10 @@ static gcommOp_t* vNewPart(VCall* v, int func, size_t count, int peer) {
   return p;
 }
 
+/* A part of count 0 moves nothing (its operation would have no work): none is made, on either
+ * end of the pair alike. */
 static void vPart(VCall* v, int func, const void* buf, size_t count, int peer) {
+  if (count == 0) return;
   gcommOp_t* p = vNewPart(v, func, count, peer);
   if (func == gcommFuncSend)
     p->sendbuff = buf;
@@ -92,6 +92,7 @@ static void vPart(VCall* v, int func, const void* buf, size_t count, int peer) {
 
 /* The rank's own block: one copy from in to out. */
 static void vCopy(VCall* v, const void* in, void* out, size_t count) {
+  if (count == 0) return;
   gcommOp_t* p = vNewPart(v, gcommFuncCopy, count, v->comm->rank);
   p->sendbuff = in;
   p->recvbuff = out;
@@ -189,10 +190,10 @@ gcommResult_t gcommAllGatherV(const void* sendbuff, size_t sendcount, void* recv
     res = vNoOverlap(&v, sendbuff, sendcount * v.esz, recvbuff, extent);
   if (res == gcommSuccess) res = vBuffer(&v, sendbuff, 1, sendcount);
   if (res == gcommSuccess) res = vBuffer(&v, recvbuff, 0, extent / v.esz);
-  if (res != gcommSuccess) return vEnd(&v, res);
+  if (res != gcommSuccess) return res;
   vAllGather(&v, sendbuff, sendcount, recvbuff, recvcounts, displs);
-  return vEnd(&v, gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncAllGatherV,
-                                   hashCounts(recvcounts, n), stream, __func__));
+  return gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncAllGatherV, hashCounts(recvcounts, n),
+                          stream, __func__);
 }
 
 gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
@@ -211,10 +212,9 @@ gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, con
                 r, sendcounts[r], r, recvcounts[r]);
   if (res == gcommSuccess) res = vBuffer(&v, sendbuff, 1, inBytes / v.esz);
   if (res == gcommSuccess) res = vBuffer(&v, recvbuff, 0, outBytes / v.esz);
-  if (res != gcommSuccess) return vEnd(&v, res);
+  if (res != gcommSuccess) return res;
   vExchange(&v, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls);
-  return vEnd(&v,
-              gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncAllToAllV, 0, stream, __func__));
+  return gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncAllToAllV, 0, stream, __func__);
 }
 
 /* Root's side of GatherV (gather) or ScatterV: its own block `own` (ownCount elements: GatherV's
@@ -254,8 +254,7 @@ gcommResult_t gcommCollParts(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
   GCOMM_CHECK(vInit(&v, comm, args->datatype, args->root, hasRoot, where));
   int n = comm->nranks;
   size_t* blocks = malloc(2 * (size_t)n * sizeof(size_t)); /* counts, then displacements */
-  if (blocks == NULL)
-    return vEnd(&v, gcommSetError(comm, gcommSystemError, -1, where, "out of memory"));
+  if (blocks == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
   for (int p = 0; p < n; p++) blocks[p] = args->count, blocks[n + p] = p * args->count;
   gcommResult_t res = gcommSuccess;
   if (args->func == gcommFuncAllGather)
@@ -272,7 +271,7 @@ gcommResult_t gcommCollParts(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
   free(blocks);
   if (res == gcommSuccess)
     res = gcommSubmitParts(comm, v.parts, v.nParts, args->func, 0, stream, where);
-  return vEnd(&v, res);
+  return res;
 }
 
 gcommResult_t gcommGatherV(const void* sendbuff, size_t sendcount, void* recvbuff,
@@ -289,7 +288,7 @@ gcommResult_t gcommGatherV(const void* sendbuff, size_t sendcount, void* recvbuf
   }
   if (res == gcommSuccess)
     res = gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncGatherV, 0, stream, __func__);
-  return vEnd(&v, res);
+  return res;
 }
 
 gcommResult_t gcommScatterV(const void* sendbuff, const size_t* sendcounts, const size_t* displs,
@@ -306,5 +305,5 @@ gcommResult_t gcommScatterV(const void* sendbuff, const size_t* sendcounts, cons
   }
   if (res == gcommSuccess)
     res = gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncScatterV, 0, stream, __func__);
-  return vEnd(&v, res);
+  return res;
 }
