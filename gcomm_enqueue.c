@@ -59,6 +59,7 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int nParts) {
   int pooled = op->pooled;
   *op = *args;
   op->pooled = pooled;
+  op->callFunc = args->func;
   op->algo = algo;
   op->proto = proto;
   op->nChannels = nch;
@@ -212,7 +213,7 @@ gcommResult_t gcommSubmitParts(gcommComm_t comm, gcommOp_t* parts, int n, int fu
       return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
     }
     gcommOp_t call = *op;
-    call.func = func;
+    call.func = op->callFunc = func;
     call.seq = op->seq = seq;
     call.count = countsHash ? countsHash : op->count;
     op->tag = comm->params.checkMismatch ? gcommOpTag(&call) : 0;

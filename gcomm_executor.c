@@ -173,6 +173,31 @@ static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* 
     gcommDivideArray(op->datatype, value, st->count, comm->nranks);
 }
 
+/* Whether one copy pays for op's sends to ranks of this node at comm->cmaSpeed (a read's speed,
+ * per mille of a copy's), by where the copies fall:
+ *  - a root sending to every other local rank (Scatter, ScatterV, a direct Broadcast) makes n-1
+ *    copies into the slots one after another, where each receiver's one read runs at once with
+ *    the others': reads pay from 1/(n-1) of a copy's speed (16 ranks of a 64-core machine whose
+ *    reads run at 45%: a 16 MB scatter in 0.21 ms against 2.1 through the slots);
+ *  - a rank sending to a root that receives from every rank (Gather, GatherV) would leave the
+ *    root n-1 reads in place of its n-1 copies out of the slots, and a chain or tree Broadcast
+ *    one read a rank in place of copies its neighbours make at once with its own: only reads as
+ *    fast as copies (the same machine: a 16 MB gather 2.5 ms against 0.64; 32 cores, broadcast
+ *    at 2 and 8 ranks, 1-16 MB, 10-50% slower by reference);
+ *  - a pair's step, where every rank both sends and receives: one read against two copies, into
+ *    the slot and out of it: half a copy's speed. */
+static int refPays(gcommComm_t comm, const gcommOp_t* op) {
+  int n = comm->nLocal, f = op->callFunc, isRoot = comm->rank == op->root;
+  int direct = op->algo == gcommAlgoDirect;
+  long need = 500;
+  if (isRoot &&
+      (f == gcommFuncScatter || f == gcommFuncScatterV || (f == gcommFuncBroadcast && direct)))
+    need = n > 1 ? 1000 / (n - 1) : 1000;
+  else if (f == gcommFuncBroadcast || (!isRoot && (f == gcommFuncGather || f == gcommFuncGatherV)))
+    need = 1000;
+  return comm->cmaSpeed >= need;
+}
+
 /* Whether the value of a step, in the caller's memory at user (NULL: not there), goes to send
  * FIFO c by reference. Over the network always (the provider sends from it). To a rank of this
  * node (GCOMM_CMA) where its one copy pays, a step of at least c->refMinBytes whose receiver only
@@ -187,7 +212,8 @@ static int sendsRef(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* st
   if (user == NULL || c->refs == NULL) return 0;
   if (c->refPid == 0) return 1;
   int finished = st->dst != GCOMM_BUF_NONE || st->src == GCOMM_BUF_OUT;
-  if (bytes < c->refMinBytes || (!finished && gcommIsReduction(op->func))) return 0;
+  if (bytes < c->refMinBytes || (!finished && gcommIsReduction(op->func)) || !refPays(comm, op))
+    return 0;
   for (const gcommOp_t* e = comm->activeHead; e != NULL; e = e->nextActive) {
     size_t in, out;
     if (e == op && (finished || op->func == gcommFuncBroadcast || op->func == gcommFuncScatter))

@@ -170,7 +170,8 @@ int gcommParamParse(int i, const char* text, char* out, size_t len);
 #define GCOMM_CMA_OFF 0 /* the indices of GCOMM_CMA's choices in gcomm_params.c */
 #define GCOMM_CMA_ON 1
 #define GCOMM_CMA_AUTO 2
-#define GCOMM_NET_GDR_OFF 0 /* the indices of GCOMM_NET_GDR's choices in gcomm_params.c */
+#define GCOMM_CMA_ALWAYS 1000000 /* comm->cmaSpeed where GCOMM_CMA=1: one copy pays everywhere */
+#define GCOMM_NET_GDR_OFF 0      /* the indices of GCOMM_NET_GDR's choices in gcomm_params.c */
 #define GCOMM_NET_GDR_ON 1
 #define GCOMM_NET_GDR_AUTO 2
 
@@ -299,7 +300,8 @@ struct gcommOp {
   uint64_t batch;
   int mayStart; /* no earlier unfinished operation shares its memory any more */
   int func, algo, proto, datatype, root, peer, nChannels;
-  int redop; /* a gcommRedOp_t below gcommNumOps, or GCOMM_OP_PREMULSUM */
+  int callFunc; /* the call's function: func, or the call a part belongs to (gcommSubmitParts) */
+  int redop;    /* a gcommRedOp_t below gcommNumOps, or GCOMM_OP_PREMULSUM */
   /* PreMulSum: the scalar's bits (of datatype), or where to read them when the work runs */
   uint64_t scalar;
   const void* scalarPtr;
@@ -533,8 +535,10 @@ struct gcommComm {
   gcommConn_t* recvConns;
   struct gcommShm* shm;
   /* host communicators: steps between ranks of this node may go by reference, the receiver
-   * copying from the sender's memory (transports/shm.c, GCOMM_CMA); every rank alike */
-  int cma;
+   * copying from the sender's memory (transports/shm.c, GCOMM_CMA); every rank alike. cmaSpeed:
+   * how fast such a read runs, per mille of a copy's (the ranks' median; GCOMM_CMA_ALWAYS where
+   * GCOMM_CMA=1), which decides where one copy pays (gcomm_executor.c) */
+  int cma, cmaSpeed;
   /* atomic: 1 once any step has gone by reference (gcommConn_t.refs); until then no send reads
    * the caller's memory, and the checks for such sends (gcommRefOverlaps, the shm transport's
    * pending) need not look at every connection */

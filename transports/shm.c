@@ -310,9 +310,10 @@ static void useReferences(gcommComm_t comm) {
 enum { CMA_MODE, CMA_READS, CMA_ERR, CMA_PEER, CMA_SPEED, CMA_FIELDS };
 
 /* The one decision of every rank from what all told (all[rank * CMA_FIELDS + field]): off where
- * any rank says GCOMM_CMA=0 or cannot read a local peer (*refused: the first such rank), on where
- * every rank says 1, else (auto) where the median speed (*speed, per mille of a copy's) is at
- * least half a copy's: a step then costs one read against a copy into the slot and one out. */
+ * any rank says GCOMM_CMA=0 or cannot read a local peer (*refused: the first such rank), else on,
+ * with *speed the median speed the ranks measured (per mille of a copy's; -1: none measured), and
+ * the speed the executor weighs each send by (comm->cmaSpeed: GCOMM_CMA_ALWAYS where every rank
+ * says 1; a copy's where none measured). */
 static int decideCma(gcommComm_t comm, const int* all, int* refused, int* speed) {
   int n = comm->nranks, forced = 1, nSpeeds = 0;
   int* speeds = malloc(sizeof(int) * (size_t)n);
@@ -331,18 +332,20 @@ static int decideCma(gcommComm_t comm, const int* all, int* refused, int* speed)
     }
   if (nSpeeds > 0) *speed = speeds[nSpeeds / 2];
   free(speeds);
-  return *refused == -1 && (forced || *speed < 0 || *speed >= 500);
+  comm->cmaSpeed = forced ? GCOMM_CMA_ALWAYS : *speed >= 0 ? *speed : 1000;
+  return *refused == -1;
 }
 
 /* Rank 0 says at GCOMM_DEBUG=INFO what the ranks decided about one copy, and why. */
 static void sayCma(gcommComm_t comm, const int* all, int refused, int speed) {
-  char fast[160] = "";
+  char fast[256] = "";
   if (comm->rank != 0 || comm->nLocal < 2 || comm->device >= 0) return;
   if (speed >= 0)
     snprintf(fast, sizeof(fast),
-             "a read of another rank's memory runs at %d%% of a copy's speed (the median rank's; "
-             "GCOMM_CMA=auto needs 50%%)",
-             speed / 10);
+             "a read of another rank's memory runs at %d%% of a copy's speed (the median rank's): "
+             "used by a pair's steps from 50%%, a root's sends to every rank from %d%%, a "
+             "gather's and a broadcast's from 100%%",
+             speed / 10, comm->nLocal > 1 ? 100 / (comm->nLocal - 1) : 100);
   if (comm->cma) {
     GCOMM_INFO(GCOMM_SUBSYS_SHM, comm,
                "one copy between local ranks (process_vm_readv) for steps of %zu bytes or "
@@ -357,14 +360,13 @@ static void sayCma(gcommComm_t comm, const int* all, int refused, int speed) {
                refused, f[CMA_PEER],
                f[CMA_ERR] ? strerror(f[CMA_ERR]) : "another process has that pid");
   } else {
-    GCOMM_INFO(GCOMM_SUBSYS_SHM, comm, "no one copy between local ranks: %s",
-               refused == -2 ? "GCOMM_CMA=0" : fast);
+    GCOMM_INFO(GCOMM_SUBSYS_SHM, comm, "no one copy between local ranks: GCOMM_CMA=0");
   }
 }
 
 /* Every rank has mapped every segment it needs: the names go, and the ranks decide alike on one
- * copy between local ranks (a host communicator; GCOMM_CMA; every local read allowed, and fast
- * enough where auto). */
+ * copy between local ranks (a host communicator; GCOMM_CMA; every local read allowed), and, where
+ * auto, how fast such a read runs (where it pays is the executor's choice a send). */
 static gcommResult_t shmConnected(gcommComm_t comm) {
   int mine[CMA_FIELDS] = {comm->device < 0 ? comm->params.cma : GCOMM_CMA_OFF, 0, 0, -1, -1};
   gcommShmUnlink(comm);
