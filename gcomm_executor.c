@@ -174,26 +174,31 @@ static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* 
 }
 
 /* Whether one copy pays for op's sends to ranks of this node at comm->cmaSpeed (a read's speed,
- * per mille of a copy's), by where the copies fall:
+ * per mille of a copy's), by where the copies fall (measured on a 64-core H100 host whose reads
+ * ran at 44-52%, 2-16 ranks, 1-16 MB, forced one copy against the FIFO):
  *  - a root sending to every other local rank (Scatter, ScatterV, a direct Broadcast) makes n-1
  *    copies into the slots one after another, where each receiver's one read runs at once with
- *    the others': reads pay from 1/(n-1) of a copy's speed (16 ranks of a 64-core machine whose
- *    reads run at 45%: a 16 MB scatter in 0.21 ms against 2.1 through the slots);
+ *    the others': reads pay from 1/(n-1) of a copy's speed (16 ranks, a 16 MB scatter in 0.21 ms
+ *    against 2.1 through the slots);
  *  - a rank sending to a root that receives from every rank (Gather, GatherV) would leave the
- *    root n-1 reads in place of its n-1 copies out of the slots, and a chain or tree Broadcast
- *    one read a rank in place of copies its neighbours make at once with its own: only reads as
- *    fast as copies (the same machine: a 16 MB gather 2.5 ms against 0.64; 32 cores, broadcast
- *    at 2 and 8 ranks, 1-16 MB, 10-50% slower by reference);
- *  - a pair's step, where every rank both sends and receives: one read against two copies, into
- *    the slot and out of it: half a copy's speed. */
+ *    root n-1 reads in place of its n-1 copies out of the slots, and a ring or tree (Broadcast,
+ *    AllGather, an AllReduce's all-gather half) one read a rank in place of copies its
+ *    neighbours make alongside its own: only reads as fast as copies (a 16 MB gather 2.5 ms
+ *    against 0.64; ring all-gather and broadcast at 4-16 ranks 5-30% slower by reference);
+ *  - an exchange, where every rank sends and receives in pairs (send/recv, all-to-all(v),
+ *    all-gatherv, a direct all-gather): one read against two copies, into the slot and out of
+ *    it, both moving through memory the other ranks' copies load too: from 40% (all-to-all 16 MB
+ *    1.3-1.6x faster by reference at 2-16 ranks, all-gatherv 1.1-2.2x at 4-16; on a 2-vCPU
+ *    microVM whose reads ran at 30% every transfer was slower). */
 static int refPays(gcommComm_t comm, const gcommOp_t* op) {
   int n = comm->nLocal, f = op->callFunc, isRoot = comm->rank == op->root;
-  int direct = op->algo == gcommAlgoDirect;
-  long need = 500;
-  if (isRoot &&
-      (f == gcommFuncScatter || f == gcommFuncScatterV || (f == gcommFuncBroadcast && direct)))
+  int forwards =
+      !gcommIsPointToPoint(op->func) && (op->algo == gcommAlgoRing || op->algo == gcommAlgoTree);
+  long need = 400;
+  if (isRoot && (f == gcommFuncScatter || f == gcommFuncScatterV ||
+                 (f == gcommFuncBroadcast && op->algo == gcommAlgoDirect)))
     need = n > 1 ? 1000 / (n - 1) : 1000;
-  else if (f == gcommFuncBroadcast || (!isRoot && (f == gcommFuncGather || f == gcommFuncGatherV)))
+  else if (forwards || (!isRoot && (f == gcommFuncGather || f == gcommFuncGatherV)))
     need = 1000;
   return comm->cmaSpeed >= need;
 }

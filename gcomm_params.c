@@ -82,9 +82,9 @@ static const gcommParamDef_t paramTable[] = {
     {"GCOMM_CMA", "auto", PARAM_ENUM, PARAM_AT(cma), cmaNames, 0, 0,
      "host communicators: a step of at least GCOMM_CMA_MIN_BYTES moves between ranks of a node "
      "with one copy (process_vm_readv) where every local rank may read the others: 1, 0 never, "
-     "auto where it pays at the speed such a read runs (timed at init): a pair's steps from half "
-     "a copy's speed, a root's sends to n-1 ranks (scatter) from 1/(n-1), a gather's and a "
-     "broadcast's from a copy's",
+     "auto where it pays at the speed such a read runs (timed at init): exchanges (send/recv, "
+     "all-to-all(v), all-gatherv) from 40% of a copy's speed, a root's sends to n-1 ranks "
+     "(scatter) from 1/(n-1), a gather's senders and a ring's or tree's forwarding from a copy's",
      LOCAL},
     {"GCOMM_CMA_MIN_BYTES", "64K", PARAM_SIZE, PARAM_AT(cmaMinBytes), NULL, 0, (int64_t)1 << 30,
      "GCOMM_CMA: the smallest FIFO step (bytes) sent by reference to a rank of the node (at least "

@@ -343,8 +343,8 @@ static void sayCma(gcommComm_t comm, const int* all, int refused, int speed) {
   if (speed >= 0)
     snprintf(fast, sizeof(fast),
              "a read of another rank's memory runs at %d%% of a copy's speed (the median rank's): "
-             "used by a pair's steps from 50%%, a root's sends to every rank from %d%%, a "
-             "gather's and a broadcast's from 100%%",
+             "used by exchanges from 40%%, a root's sends to every rank from %d%%, a gather's "
+             "and a ring's or tree's from 100%%",
              speed / 10, comm->nLocal > 1 ? 100 / (comm->nLocal - 1) : 100);
   if (comm->cma) {
     GCOMM_INFO(GCOMM_SUBSYS_SHM, comm,
