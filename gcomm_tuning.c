@@ -124,9 +124,12 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   double bestUs = predictUs(func, best, comm->nranks, (double)bytes);
   for (int a = 0; a < gcommNumAlgos; a++) {
     double us = predictUs(func, a, comm->nranks, (double)bytes);
-    /* two-shot only when forced (GCOMM_ALGO) until it is measured; recursive doubling above */
-    if (us >= 0 && us < bestUs && a != gcommAlgoTwoShot && a != gcommAlgoRecDbl)
-      best = a, bestUs = us;
+    /* two-shot only when forced (GCOMM_ALGO) until it is measured; recursive doubling above; the
+     * tree all-reduce only when forced: far slower than its hops say (64 cores, 8 KB-512 KB, 8
+     * and 16 ranks: 1.0-4.4x the ring's time; 16 ranks, 128 KB: 442 us against 102) */
+    int forcedOnly = a == gcommAlgoTwoShot || a == gcommAlgoRecDbl ||
+                     (func == gcommFuncAllReduce && a == gcommAlgoTree);
+    if (us >= 0 && us < bestUs && !forcedOnly) best = a, bestUs = us;
   }
   return best;
 }
