@@ -291,6 +291,14 @@ GCOMM_HD int gcommDirectPeer(int rank, int n, long t, int* sending) {
   return gcommMod(rank - (int)(t - n + 1), n);
 }
 
+/* The ranks paired step j serves when a rank meets the m ranks r+s, r+2s, ..., r+ms (s = 1: the
+ * ranks after it, -1: before; r+n is r itself) two a step: r+s(1+2j), and r+s(2+2j) while one is
+ * left. */
+GCOMM_HD void gcommPairPeers(int r, int n, int m, int j, int s, int* peer) {
+  peer[0] = gcommMod(r + s * (1 + 2 * j), n);
+  if (2 * j + 2 <= m) peer[1] = gcommMod(r + s * (2 + 2 * j), n);
+}
+
 /* A direct reduction in gcommDirectReduceSteps: send block p of the input to each rank p
  * (t < n-1), then combine what every other rank sent, two ranks a step, from rank-1 down to rank+1:
  * step j receives from ranks r-1-2j and r-2-2j. The first of those steps takes this rank's own
@@ -308,8 +316,7 @@ GCOMM_HD void gcommDirectReduce(int r, int n, long t, size_t blk, size_t off, gc
     return;
   }
   int j = (int)(t - (n - 1));
-  st->recvPeer[0] = gcommMod(r - 1 - 2 * j, n);
-  if (2 * j + 2 <= n - 1) st->recvPeer[1] = gcommMod(r - 2 - 2 * j, n);
+  gcommPairPeers(r, n, n - 1, j, -1, st->recvPeer);
   st->reduce = 1;
   st->dst = GCOMM_BUF_OUT;
   if (j == 0)
@@ -432,8 +439,7 @@ GCOMM_HD void gcommStepAllReduceOneShot(const gcommSched_t* s, const gcommRound_
   }
   if (t < half) { /* send the input to ranks r+1+2t and r+2+2t */
     st->src = GCOMM_BUF_IN;
-    st->sendPeer[0] = (r + 1 + 2 * (int)t) % n;
-    if (2 * t + 1 < n) st->sendPeer[1] = (r + 2 + 2 * (int)t) % n;
+    gcommPairPeers(r, n, n, (int)t, 1, st->sendPeer);
     return;
   }
   long k = t - half; /* combine the inputs of ranks 2k and 2k+1 into the output */
@@ -471,8 +477,7 @@ GCOMM_HD void gcommStepAllReduceTwoShot(const gcommSched_t* s, const gcommRound_
   int j = (int)(t - half), k = r; /* k: the block this step moves */
   if (j < n / 2) {                /* block r, finished, to ranks r+1+2j and r+2+2j */
     st->src = GCOMM_BUF_OUT;
-    st->sendPeer[0] = (r + 1 + 2 * j) % n;
-    if (2 * j + 2 <= n - 1) st->sendPeer[1] = (r + 2 + 2 * j) % n;
+    gcommPairPeers(r, n, n - 1, j, 1, st->sendPeer);
   } else { /* rank k's block */
     k = gcommMod(r - 1 - (j - n / 2), n);
     st->recvPeer[0] = k;
