@@ -13,7 +13,12 @@
 #define HOST_ALPHA_US 2.0
 #define HOST_BW_BYTES_PER_US 4000.0
 #define NET_ONESHOT_MAX_BYTES (256u << 10)
-#define RECDBL_MAX_BYTES (128u << 10) /* AllGather: recursive doubling up to this total */
+/* One node's host thresholds (hostNodeAlgo) */
+#define HOST_ONESHOT_MAX_COPIES (6u << 10)
+#define HOST_TWOSHOT_MAX_BYTES (16u << 10)
+#define HOST_TREE_MAX_BYTES (256u << 10)
+#define HOST_RECDBL_MAX_BYTES (128u << 10)
+#define HOST_DIRECT_RS_MAX_BYTES (16u << 10)
 
 /* An algorithm's two cost terms: FIFO hops one after another, and bytes each rank moves per byte
  * of `bytes`, the size nccl-tests reports (the whole buffer; AllGather: the output;
@@ -85,6 +90,48 @@ static double predictGpuUs(int func, int algo, int proto, int n, double bytes, i
 }
 #endif
 
+/* Host communicators of 3 or more ranks on one node: the algorithm measured fastest, where the
+ * model's one hop cost misjudges them all (a step's cost depends on how many run at once): 4, 8 and
+ * 16 ranks, a core each on 32 cores, every algorithm forced beside MPICH in gcomm_perf's turns,
+ * the faster of 2 runs (docs/TUNING.md). -1: the model decides (two ranks, where every
+ * algorithm is one hop; GPUs; several nodes; the other functions).
+ * - AllReduce: the one-shot while its n-1 copies of bytes stay within 6 KB (16 ranks, 128 B: 6.7
+ *   us against the two-shot's 8.4; 512 B: 9.7 against 8.3); the two-shot up to 16 KB (16 ranks,
+ *   8 KB: 16.3 us against the ring's 24.4 and the one-shot's 42.5; 4 KB, run beside the model's
+ *   one-shot: 15.4-17.4 against 23.6-27.6); the ring beyond, where the two-shot's time varies from
+ *   run to run (16 ranks, 128 KB: 90-320 us; the ring 82-112).
+ * - Broadcast, Reduce: the ring, each of whose ranks makes one receive and one send whatever n and
+ *   whose calls overlap one another; from 9 ranks the tree up to 256 KB, whose log2(n) levels
+ *   beat the ring's n-1 hops (16 ranks: broadcast 8 B 0.70 us against 0.81, 128 KB 61.7 against
+ *   65.7; reduce 128 KB 36.0 against 54.8; 2 MB: the ring, 465 against 579). Never the direct
+ *   form, whose root makes n-1 sends or receives one after another (16 ranks, broadcast 8 B:
+ *   2.6 us).
+ * - AllGather: recursive doubling on 4, 8, 16, ... ranks up to 128 KB in all (16 ranks, 2 KB: 4.8
+ *   us against the direct exchange's 8.1 and the ring's 11.2); beyond, the model (the direct
+ *   exchange and the ring were level within the runs' spread).
+ * - ReduceScatter: the direct exchange up to 16 KB (16 ranks, 8 KB: 8.8 us against the ring's
+ *   11.6), the ring beyond (32 KB, beside the model's direct exchange: 21.0-23.8 us against
+ *   31.1-32.2; 2 MB: 440 against 764). */
+static int hostNodeAlgo(gcommComm_t comm, int func, size_t bytes) {
+  int n = comm->nranks;
+  if (comm->device >= 0 || comm->nLocal < n || n <= 2) return -1;
+  switch (func) {
+    case gcommFuncAllReduce:
+      return bytes * (size_t)(n - 1) <= HOST_ONESHOT_MAX_COPIES ? gcommAlgoDirect
+             : bytes <= HOST_TWOSHOT_MAX_BYTES                  ? gcommAlgoTwoShot
+                                                                : gcommAlgoRing;
+    case gcommFuncBroadcast:
+    case gcommFuncReduce:
+      return n > 8 && bytes <= HOST_TREE_MAX_BYTES ? gcommAlgoTree : gcommAlgoRing;
+    case gcommFuncAllGather:
+      return (n & (n - 1)) == 0 && bytes <= HOST_RECDBL_MAX_BYTES ? gcommAlgoRecDbl : -1;
+    case gcommFuncReduceScatter:
+      return bytes <= HOST_DIRECT_RS_MAX_BYTES ? gcommAlgoDirect : gcommAlgoRing;
+    default:
+      return -1;
+  }
+}
+
 int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
 #ifdef GCOMM_GPU
   /* recursive doubling is not in the kernels (gcomm_sched.h): forced, a GPU one runs direct */
@@ -113,20 +160,14 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   if (comm->nLocal < comm->nranks && func == gcommFuncAllReduce)
     return bytes * (size_t)(comm->nranks - 1) <= NET_ONESHOT_MAX_BYTES ? gcommAlgoDirect
                                                                        : gcommAlgoRing;
-  /* AllGather on 2^k ranks of one node: recursive doubling's log2(n) exchanges beat the direct
-   * pattern's n - 1 up to 128 KB in all (16 ranks on 32 cores: 1.3-2x from 512 B to 128 KB,
-   * behind at 512 KB: docs/PERF.md); its schedule falls back to direct where blocks do not fit */
-  int n = comm->nranks;
-  if (func == gcommFuncAllGather && comm->nLocal == n && n >= 4 && (n & (n - 1)) == 0 &&
-      bytes <= RECDBL_MAX_BYTES)
-    return gcommAlgoRecDbl;
+  int measured = hostNodeAlgo(comm, func, bytes);
+  if (measured >= 0) return measured;
   int best = gcommSchedAlgo(func, gcommAlgoRing);
   double bestUs = predictUs(func, best, comm->nranks, (double)bytes);
   for (int a = 0; a < gcommNumAlgos; a++) {
     double us = predictUs(func, a, comm->nranks, (double)bytes);
-    /* two-shot only when forced (GCOMM_ALGO) until it is measured; recursive doubling above; the
-     * tree all-reduce only when forced: far slower than its hops say (64 cores, 8 KB-512 KB, 8
-     * and 16 ranks: 1.0-4.4x the ring's time; 16 ranks, 128 KB: 442 us against 102) */
+    /* the two-shot and recursive doubling were measured in one node only (hostNodeAlgo), the
+     * tree all-reduce runs far slower than its hops say (above): the model never takes them */
     int forcedOnly = a == gcommAlgoTwoShot || a == gcommAlgoRecDbl ||
                      (func == gcommFuncAllReduce && a == gcommAlgoTree);
     if (us >= 0 && us < bestUs && !forcedOnly) best = a, bestUs = us;
@@ -241,12 +282,13 @@ void gcommTuningPrint(gcommComm_t comm) {
   if (comm->rank != 0 || !gcommLogEnabled(GCOMM_LOG_INFO, GCOMM_SUBSYS_TUNING)) return;
   for (int f = 0; f <= gcommFuncReduceScatter; f++) {
     for (double bytes = comm->device >= 0 ? 8 : 1024; bytes <= 1024.0 * 1024 * 1024; bytes *= 8) {
-      char line[512];
+      char line[512] = "";
       int len = 0;
       size_t b = (size_t)bytes;
       int algo = gcommChooseAlgo(comm, f, b), proto = gcommChooseProto(comm, f, algo, b, 0);
       int nch = gcommChooseChannels(comm, f, b, proto, 0);
-      for (int a = 0; a < gcommNumAlgos && len < (int)sizeof(line) - 64; a++) {
+      int measured = comm->params.algo < 0 && hostNodeAlgo(comm, f, b) >= 0;
+      for (int a = 0; a < gcommNumAlgos && !measured && len < (int)sizeof(line) - 64; a++) {
 #ifdef GCOMM_GPU
         if (comm->device >= 0) {
           for (int p = 0; p < gcommNumProtos; p++) {
@@ -263,8 +305,9 @@ void gcommTuningPrint(gcommComm_t comm) {
         if (us >= 0)
           len += snprintf(line + len, sizeof(line) - len, " %s %.1f", gcommAlgoNames[a], us);
       }
-      GCOMM_INFO(GCOMM_SUBSYS_TUNING, comm, "%-13s %10.0f B: %s/%s, %d channel(s) (model, us:%s)",
-                 gcommFuncNames[f], bytes, gcommAlgoNames[algo], gcommProtoNames[proto], nch, line);
+      GCOMM_INFO(GCOMM_SUBSYS_TUNING, comm, "%-13s %10.0f B: %s/%s, %d channel(s) (%s%s)",
+                 gcommFuncNames[f], bytes, gcommAlgoNames[algo], gcommProtoNames[proto], nch,
+                 measured ? "measured thresholds" : "model, us:", line);
     }
   }
 }

@@ -162,7 +162,8 @@ static void checkLog(const checkLog_t* L, size_t count, size_t pcount) {
             (unsigned long long)r->d.coll.seqNumber, r->d.coll.count, r->d.coll.datatype,
             r->d.coll.bytes, r->d.coll.op, r->d.coll.root, r->d.coll.protocol, r->parent);
       if (strcmp(r->d.coll.algorithm, "ring") && strcmp(r->d.coll.algorithm, "tree") &&
-          strcmp(r->d.coll.algorithm, "direct"))
+          strcmp(r->d.coll.algorithm, "direct") && strcmp(r->d.coll.algorithm, "twoshot") &&
+          strcmp(r->d.coll.algorithm, "recdbl"))
         tlFail("Coll event %d: algorithm %s", i, r->d.coll.algorithm);
       if (children[i] != r->d.coll.nChannels)
         tlFail("%s: %d ProxyOp events for nChannels %d", r->d.coll.name, children[i],
