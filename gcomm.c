@@ -57,7 +57,6 @@ static void commFree(gcommComm_t comm) {
   free(comm->busyQueues);
   free(comm->cards);
   free(comm->localRanks);
-  free(comm->localRevoked);
   free(comm->boot);
   MPI_Finalized(&finalized);
   if (!finalized && comm->mpiComm != MPI_COMM_NULL) MPI_Comm_free(&comm->mpiComm);

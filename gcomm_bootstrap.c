@@ -373,11 +373,10 @@ static gcommResult_t connectTransports(gcommComm_t comm) {
   comm->nQueues = comm->nChannels + 2 * comm->nranks * comm->nP2pChannels;
   comm->queues = calloc(comm->nQueues, sizeof(gcommQueue_t));
   comm->busyQueues = calloc((size_t)busyQueueWords(comm), sizeof(uint64_t));
-  comm->localRevoked = calloc(comm->nLocal, sizeof(*comm->localRevoked));
-  gcommResult_t res = comm->sendConns && comm->recvConns && comm->queues && comm->busyQueues &&
-                              comm->localRanks && comm->localRevoked
-                          ? gcommSuccess
-                          : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  gcommResult_t res =
+      comm->sendConns && comm->recvConns && comm->queues && comm->busyQueues && comm->localRanks
+          ? gcommSuccess
+          : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   for (int i = 0; i < comm->nTransports; i++) {
     const gcommTransport_t* t = comm->transports[i];
     if (t->connect == NULL) continue;
@@ -385,11 +384,9 @@ static gcommResult_t connectTransports(gcommComm_t comm) {
     GCOMM_CHECK(agreeOnResult(comm, res, t->connectWhat));
     if (t->connected) GCOMM_CHECK(t->connected(comm));
   }
-  /* every call reads them (gcommRevokeSeen): their addresses once */
-  for (int i = 0; i < comm->nLocal && res == gcommSuccess; i++) {
-    gcommStatus_t* st = gcommShmStatus(comm, comm->localRanks[i]);
-    comm->localRevoked[i] = st != NULL ? &st->revoked : NULL;
-  }
+  /* every call reads it (gcommRevokeSeen): its address once */
+  gcommStatus_t* first = res == gcommSuccess ? gcommShmStatus(comm, comm->localRanks[0]) : NULL;
+  comm->nodeRevoked = first != NULL ? &first->revoked : NULL;
 #ifdef GCOMM_GPU
   if (comm->device >= 0 && comm->params.proto == gcommProtoLL &&
       (spansNodes(comm) || copiesByEngine(comm)))

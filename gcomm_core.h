@@ -164,12 +164,12 @@ void gcommSetAsyncError(gcommComm_t comm, gcommResult_t res);
 /* Stops comm now (gcommCommAbort, gcommCommRevoke, a peer's revoke): res becomes its error, then
  * every wait on it returns. */
 void gcommStop(gcommComm_t comm, gcommResult_t res);
-/* comm is revoked by rank by (here, or seen now): it stops with gcommRevoked, this rank's page
- * says so and the network tells the other nodes (from the next pass on), so the revoke spreads.
- * The first revoke stays. */
+/* comm is revoked by rank by (here, or seen now): it stops with gcommRevoked, the node's revoke
+ * word says so and the network tells the other nodes (from the next pass on), so the revoke
+ * spreads. The first revoke stays. */
 void gcommRevokeBy(gcommComm_t comm, int by);
-/* Whether comm is revoked, here or (seen now) by a rank of this node, on its status page, or of
- * another node, through the network: the first sight revokes comm here (gcommRevokeBy). */
+/* Whether comm is revoked, here or (seen now) by a rank of this node, in the node's revoke word,
+ * or of another node, through the network: the first sight revokes comm here (gcommRevokeBy). */
 int gcommRevokeSeen(gcommComm_t comm);
 /* gcommSuccess, or, when gcommRevokeSeen, the communicator's error recorded at where. */
 gcommResult_t gcommRevokedResult(gcommComm_t comm, const char* where);
@@ -193,8 +193,8 @@ gcommResult_t gcommCheckBuffer(gcommComm_t comm, const void* buf, int isSend, si
 gcommResult_t gcommCheckComm(gcommComm_t comm, const char* where);
 /* gcommEnqueueCheck of a call on a communicator whose operations this thread's open group holds:
  * it is live (a destroy refuses it) and this thread's (an earlier call of the group passed the
- * owner check), so only the stream and an error that stopped it since are checked (the revoke
- * words, a load a local rank, were read by the group's first call, and its wait reads them). */
+ * owner check), so only the stream and an error that stopped it since are checked (the node's
+ * revoke word was read by the group's first call, and its wait reads it). */
 gcommResult_t gcommEnqueueCheckHeld(gcommComm_t comm, gcommStream_t stream, const char* where);
 gcommResult_t gcommCheckConfig(const gcommConfig_t* config);
 gcommResult_t gcommAsyncError(gcommComm_t comm, const char* where);

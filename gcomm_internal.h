@@ -440,9 +440,10 @@ typedef struct {
   volatile int finished; /* the rank destroyed the communicator after all its work succeeded */
   char msg[504];
   volatile uint64_t current[GCOMM_STATUS_LANES]; /* (seq + 1) << 32 | tag, 0: none yet */
-  gcommSharedFlags_t shared;   /* in a node only: the network carries code and msg */
-  volatile int revoked;        /* 1 + the rank whose gcommCommRevoke reached this rank, or 0
-                                  (whatever code says) */
+  gcommSharedFlags_t shared; /* in a node only: the network carries code and msg */
+  volatile int revoked;      /* on the page of the node's first rank only: 1 + the rank of the first
+                                revoke a rank of this node published, or 0 (whatever code says): the
+                                node's one revoke word, which every call reads */
   volatile uint64_t shrinkSeq; /* the gcommCommShrink of this communicator the rank is in */
   volatile int excludedBy;     /* 1 + the survivor whose shrink left this rank out, or 0 */
   gcommBox_t box[2];
@@ -522,9 +523,9 @@ struct gcommComm {
   int deviceMps;      /* GPU communicators: this process reaches its GPU through MPS */
   int sharedCopy;     /* GPU communicators: every rank on one GPU, run by gcomm_gpu_shared.c */
   int nLocal;         /* ranks on this node */
-  int* localRanks; /* their ranks, this one's included (the status pages a revoke is read from) */
-  volatile int** localRevoked; /* each one's status page's revoke word (NULL: no page) */
-  gcommCard_t* cards;          /* every rank's card */
+  int* localRanks;    /* their ranks, this one's included */
+  volatile int* nodeRevoked; /* the node's revoke word (gcommStatus_t.revoked; NULL: no page) */
+  gcommCard_t* cards;        /* every rank's card */
   char name[64];
   gcommParams_t params;
   int nChannels;    /* collective channels: lanes [0, nChannels) */

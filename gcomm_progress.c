@@ -205,32 +205,30 @@ void gcommStop(gcommComm_t comm, gcommResult_t res) {
   pthread_mutex_unlock(&comm->doneLock);
 }
 
-/* A revoke travels as a word of each rank's status page (not its stop code, which keeps the
- * first failure), and to other nodes as a message of its own: every rank that sees it marks its
- * own page and sends it on too. */
+/* A revoke travels in a node as one word, on the status page of its first rank (not a stop code,
+ * which keeps the first failure): a call reads that word alone, however many ranks the node has.
+ * To other nodes it goes as a message of its own: every rank that sees it marks the word (the
+ * first revoke stays) and sends it on too. */
 void gcommRevokeBy(gcommComm_t comm, int by) {
   int expected = 0;
   if (!__atomic_compare_exchange_n(&comm->revoked, &expected, by + 1, 0, __ATOMIC_ACQ_REL,
                                    __ATOMIC_ACQUIRE))
     return;
-  gcommStatus_t* mine = gcommShmStatus(comm, comm->rank);
-  if (mine != NULL) __atomic_store_n(&mine->revoked, by + 1, __ATOMIC_RELEASE);
+  expected = 0;
+  if (comm->nodeRevoked != NULL)
+    __atomic_compare_exchange_n(comm->nodeRevoked, &expected, by + 1, 0, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
   if (by != comm->rank)
     gcommSetError(comm, gcommRevoked, by, "progress", "rank %d revoked the communicator", by);
   gcommStop(comm, gcommRevoked);
 }
 
-/* 1 + the rank whose revoke reached this rank: on a status page of this node, or through a
- * transport from another node (which reads what came, if no pass holds the engine now), or 0. */
+/* 1 + the rank whose revoke reached this rank: in the node's revoke word, or through a transport
+ * from another node (which reads what came, if no pass holds the engine now), or 0. */
 static int revokeArrived(gcommComm_t comm) {
-  for (int i = 0; i < comm->nLocal && comm->localRevoked != NULL; i++) {
-    int by = comm->localRevoked[i] != NULL
-                 ? __atomic_load_n(comm->localRevoked[i], __ATOMIC_ACQUIRE)
-                 : 0;
-    if (by != 0) return by;
-  }
-  if (comm->nLocal == comm->nranks) return 0;
-  int locked = pthread_mutex_trylock(&comm->progressLock) == 0, by = 0;
+  int by = comm->nodeRevoked != NULL ? __atomic_load_n(comm->nodeRevoked, __ATOMIC_ACQUIRE) : 0;
+  if (by != 0 || comm->nLocal == comm->nranks) return by;
+  int locked = pthread_mutex_trylock(&comm->progressLock) == 0;
   for (int i = 0; i < comm->nTransports && by == 0; i++)
     if (comm->transports[i]->revokedBy) by = comm->transports[i]->revokedBy(comm, locked);
   if (locked) pthread_mutex_unlock(&comm->progressLock);
@@ -380,8 +378,8 @@ int gcommProgressPass(gcommComm_t comm) {
     }
   }
   /* work that waits (on a peer the revoke stopped, maybe) looks for a revoke, every
-   * GCOMM_UNTIMED_POLLS passes (a load a rank of the node, which a spinning wait need not pay
-   * each poll): the next pass stops */
+   * GCOMM_UNTIMED_POLLS passes (the node's revoke word and, across nodes, the transports', which
+   * a spinning wait need not read each poll): the next pass stops */
   if (!moved && comm->nActiveWorks > 0 && comm->passes % GCOMM_UNTIMED_POLLS == 0 &&
       gcommRevokeSeen(comm))
     return 1;
@@ -650,8 +648,8 @@ static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int d
   uint64_t deadline = 0, idleSince = 0, probeAt = 0;
   int spins = 0;
   while (!gcommAllDone(comm, target)) {
-    /* the node's revoke words (a load a rank) at the first poll and once spinning is over: a
-     * spinning poll's cost is the wait's reaction time */
+    /* a revoke (the node's word, and across nodes the transports') at the first poll and once
+     * spinning is over: a spinning poll's cost is the wait's reaction time */
     if (__atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) ||
         ((spins == 0 || spins >= GCOMM_UNTIMED_POLLS) && gcommRevokeSeen(comm)))
       return gcommFinalResult(comm, "gcommWait");

@@ -2,9 +2,9 @@
  * gcomm_shrink.c - carrying on after a failure: gcommCommRevoke stops a communicator on every
  * rank of the node, gcommCommShrink makes a communicator of the ranks that are left.
  *
- * Neither uses MPI, which a dead rank may leave stuck. A revoke is a word on the rank's status
- * page that every rank of the node reads at its next call or wait (gcommRevokeSeen, which marks
- * the reader's page too). A shrink first stops or finishes the old communicator's work, then the
+ * Neither uses MPI, which a dead rank may leave stuck. A revoke is one word of the node, on its
+ * first rank's status page, that every rank of the node reads at its next call or wait
+ * (gcommRevokeSeen). A shrink first stops or finishes the old communicator's work, then the
  * survivors meet on the old communicator's status pages (gcomm_agree.c: who arrived, who died,
  * the same set everywhere), and the new communicator sets itself up through those pages instead
  * of MPI. What it reuses: the old communicator's status pages (for the meeting and the setup's
