@@ -206,10 +206,9 @@ gcommResult_t gcommCheckBuffer(gcommComm_t comm, const void* buf, int isSend, si
 #undef BAD
 }
 
-gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where) {
-  int n = comm->nranks;
-  size_t inCount, outCount;
 #define BAD(...) gcommSetError(comm, gcommInvalidArgument, -1, where, __VA_ARGS__)
+gcommResult_t gcommCheckShape(gcommComm_t comm, gcommOp_t* op, const char* where) {
+  int n = comm->nranks;
   if ((unsigned)op->datatype >= gcommNumTypes)
     return BAD("datatype %d is not a gcommDataType_t (0..%d)", op->datatype, gcommNumTypes - 1);
   if (gcommIsReduction(op->func)) GCOMM_CHECK(resolveRedOp(comm, op, where));
@@ -219,6 +218,13 @@ gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where)
     return BAD("root %d is not a rank of this communicator (0..%d)", op->root, n - 1);
   if (gcommIsPointToPoint(op->func) && (op->peer < 0 || op->peer >= n))
     return BAD("peer %d is not a rank of this communicator (0..%d)", op->peer, n - 1);
+  return gcommSuccess;
+}
+
+gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where) {
+  int n = comm->nranks;
+  size_t inCount, outCount;
+  GCOMM_CHECK(gcommCheckShape(comm, op, where));
   size_t esz = gcommTypeSize(op->datatype);
   if (op->count > SIZE_MAX / 2 / esz / (size_t)n)
     return BAD("count %zu of %s is too large", op->count, gcommTypeNames[op->datatype]);
@@ -244,8 +250,8 @@ gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where)
   if (outCount == 0) op->recvbuff = NULL;
   if (!gcommIsReduction(op->func)) op->redop = gcommSum;
   return gcommSuccess;
-#undef BAD
 }
+#undef BAD
 
 /* Calls from two threads would post in an order that differs from rank to rank, and a call of
  * one thread would meet another thread's call on the other ranks: wrong data reported as

@@ -185,6 +185,10 @@ struct timespec gcommDeadlineIn(long ns);
 
 /* ---- gcomm_args.c ---- */
 const char* gcommBadScalarPointer(gcommComm_t comm, const void* scalar, int residence);
+/* The arguments a call must get right whatever its count: the datatype, a reduction's op (a
+ * PreMulSum operator becomes GCOMM_OP_PREMULSUM), the root, the peer. */
+gcommResult_t gcommCheckShape(gcommComm_t comm, gcommOp_t* op, const char* where);
+/* Every argument of a call: gcommCheckShape's, the count and the buffers. */
 gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where);
 /* A buffer that call moves count elements through on this rank (isSend: reads them): present, and
  * memory of the communicator's kind (host, or GPU memory the GPU can use). */

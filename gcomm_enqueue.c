@@ -177,13 +177,14 @@ gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stre
 
 gcommResult_t gcommEnqueueChecked(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                                   const char* where) {
-  GCOMM_CHECK(gcommCheckArgs(comm, args, where));
-  if (args->count == 0) { /* nothing to move: complete at once, posted and done alike, without an
-                           * operation record; a collective takes its sequence number as on every
-                           * other rank */
+  if (args->count == 0) { /* nothing to move, no buffer read: complete at once, posted and done
+                           * alike, without an operation record; a collective takes its sequence
+                           * number as on every other rank */
+    GCOMM_CHECK(gcommCheckShape(comm, args, where));
     if (!gcommIsPointToPoint(args->func)) gcommOwnerAdd(&comm->collSeq, 1);
     return gcommSuccess;
   }
+  GCOMM_CHECK(gcommCheckArgs(comm, args, where));
   gcommOp_t* op = buildOp(comm, args, 0);
   if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
   traceOp(comm, op);
