@@ -50,10 +50,10 @@ static gcommComm_t* liveComms;
 static int nLive, liveCap;
 /* Each call checks its handle, so a thread remembers the last handle it found live and the list's
  * generation then (bumped by every unregister): while no communicator has gone since, that handle
- * is still live, without the lock and the search. */
-static uint64_t liveGen; /* atomic */
-static __thread gcommComm_t lastLive;
-static __thread uint64_t lastLiveGen;
+ * is still live, without the lock and the search (gcommCheckComm, inline in every caller). */
+uint64_t gcommLiveGen; /* atomic */
+__thread gcommComm_t gcommLastLive;
+__thread uint64_t gcommLastLiveGen;
 
 gcommResult_t gcommCommRegister(gcommComm_t comm) {
   pthread_mutex_lock(&liveLock);
@@ -76,23 +76,25 @@ int gcommCommUnregister(gcommComm_t comm) {
   pthread_mutex_lock(&liveLock);
   for (int i = 0; i < nLive && !found; i++)
     if (liveComms[i] == comm) liveComms[i] = liveComms[--nLive], found = 1;
-  __atomic_add_fetch(&liveGen, 1, __ATOMIC_RELEASE);
+  __atomic_add_fetch(&gcommLiveGen, 1, __ATOMIC_RELEASE);
   if (nLive == 0) free(liveComms), liveComms = NULL, liveCap = 0; /* nothing left at exit */
   pthread_mutex_unlock(&liveLock);
   return found;
 }
 
 int gcommCommIsLive(gcommComm_t comm) {
-  if (comm == lastLive && lastLiveGen == __atomic_load_n(&liveGen, __ATOMIC_ACQUIRE)) return 1;
+  if (comm == gcommLastLive && gcommLastLiveGen == __atomic_load_n(&gcommLiveGen, __ATOMIC_ACQUIRE))
+    return 1;
   int found = 0;
   pthread_mutex_lock(&liveLock);
   for (int i = 0; i < nLive && !found; i++) found = liveComms[i] == comm;
-  if (found) lastLive = comm, lastLiveGen = __atomic_load_n(&liveGen, __ATOMIC_RELAXED);
+  if (found)
+    gcommLastLive = comm, gcommLastLiveGen = __atomic_load_n(&gcommLiveGen, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&liveLock);
   return found;
 }
 
-gcommResult_t gcommCheckComm(gcommComm_t comm, const char* where) {
+gcommResult_t gcommCheckCommListed(gcommComm_t comm, const char* where) {
   if (comm == NULL) return gcommSetError(NULL, gcommInvalidArgument, -1, where, "comm is NULL");
   if (!gcommCommIsLive(comm))
     return gcommSetError(NULL, gcommInvalidArgument, -1, where,

@@ -194,7 +194,20 @@ gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where)
  * memory of the communicator's kind (host, or GPU memory the GPU can use). */
 gcommResult_t gcommCheckBuffer(gcommComm_t comm, const void* buf, int isSend, size_t count,
                                const char* call, const char* where);
-gcommResult_t gcommCheckComm(gcommComm_t comm, const char* where);
+/* comm is a live communicator (gcommCommIsLive), or the error says why not. */
+gcommResult_t gcommCheckCommListed(gcommComm_t comm, const char* where);
+/* The handle this thread last found live, and the live list's generation then (gcomm_args.c). */
+extern uint64_t gcommLiveGen; /* atomic */
+extern __thread gcommComm_t gcommLastLive;
+extern __thread uint64_t gcommLastLiveGen;
+/* gcommCheckCommListed, where every call starts: the handle this thread last found live passes
+ * at once while no communicator has gone since. */
+static inline gcommResult_t gcommCheckComm(gcommComm_t comm, const char* where) {
+  if (comm != NULL && comm == gcommLastLive &&
+      gcommLastLiveGen == __atomic_load_n(&gcommLiveGen, __ATOMIC_ACQUIRE))
+    return gcommSuccess;
+  return gcommCheckCommListed(comm, where);
+}
 /* gcommEnqueueCheck of a call on a communicator whose operations this thread's open group holds:
  * it is live (a destroy refuses it) and this thread's (an earlier call of the group passed the
  * owner check), so only the stream and an error that stopped it since are checked (the node's
