@@ -587,9 +587,11 @@ struct gcommComm {
   pthread_t thread;
   int threadStarted, stopThread;
   uint64_t passes, dumpSeen;
-  uint64_t opsPosted; /* atomic: operations handed to the engine */
-  uint64_t opsGpu;    /* atomic: GPU operations launched (the progress thread's CPU report) */
-  uint64_t opsDone;   /* atomic: operations the engine finished */
+  uint64_t opsPosted;  /* atomic: operations handed to the engine */
+  uint64_t opsGpu;     /* atomic: GPU operations launched (the progress thread's CPU report) */
+  uint64_t opsDone;    /* atomic: operations the engine finished */
+  uint64_t opsSettled; /* atomic: opsPosted when a wait last found them all done and no transport
+                          holding their data: until the next post, every wait is over at once */
   pthread_mutex_t doneLock;
   pthread_cond_t doneCond;
   int waiters;    /* atomic: threads sleeping on doneCond */

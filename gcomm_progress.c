@@ -709,10 +709,20 @@ static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int d
   return gcommFinalResult(comm, "gcommWait");
 }
 
+/* A wait that found every operation up to target done and no transport holding their data: the
+ * waits after it, of any thread (release: they see what it saw), are over at once while nothing
+ * is posted (a transport holds data only of operations posted since). */
+static gcommResult_t settled(gcommComm_t comm, uint64_t target) {
+  __atomic_store_n(&comm->opsSettled, target, __ATOMIC_RELEASE);
+  return gcommFinalResult(comm, "gcommWait");
+}
+
 gcommResult_t gcommHostWait(gcommComm_t comm) {
   uint64_t target = __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE);
+  if (target == __atomic_load_n(&comm->opsSettled, __ATOMIC_ACQUIRE))
+    return gcommFinalResult(comm, "gcommWait");
   /* finished already (small operations often finish in the call that posted them) */
-  if (gcommAllDone(comm, target)) return gcommFinalResult(comm, "gcommWait");
+  if (gcommAllDone(comm, target)) return settled(comm, target);
   int poll = comm->params.proxyMode == GCOMM_PROXY_POLL;
   /* A waiting thread runs the passes itself, as in poll mode, and the engine thread sleeps
    * meanwhile: no hand-off from one thread to the other on the critical path (small all-reduces
