@@ -187,14 +187,18 @@ static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* 
  *    against 0.64; ring all-gather and broadcast at 4-16 ranks 5-30% slower by reference);
  *  - an exchange, where every rank sends and receives in pairs (send/recv, all-to-all(v),
  *    all-gatherv, a direct all-gather): one read against two copies, into the slot and out of
- *    it, both moving through memory the other ranks' copies load too: from 40% (all-to-all 16 MB
- *    1.3-1.6x faster by reference at 2-16 ranks, all-gatherv 1.1-2.2x at 4-16; on a 2-vCPU
- *    microVM whose reads ran at 30% every transfer was slower). */
+ *    it, both moving through memory the other ranks' copies load too: from 35% (all-to-all 16 MB
+ *    1.3-1.6x faster by reference at 2-16 ranks, all-gatherv 1.1-2.2x at 4-16; on 32 cores whose
+ *    reads measured ~40%, send/recv 16 MB 1.3x faster at 2-16 ranks; on a 2-vCPU microVM whose
+ *    reads ran at 30% every transfer was slower). The speed is measured on memory warm in the
+ *    cache, where a read's page pinning weighs most: on memory that is not, as a large
+ *    exchange's, reads run 1.3-1.7x closer to a copy (2 vCPUs, 64-128 KB reads: 42-50% warm,
+ *    55-78% cold). */
 static int refPays(gcommComm_t comm, const gcommOp_t* op) {
   int n = comm->nLocal, f = op->callFunc, isRoot = comm->rank == op->root;
   int forwards =
       !gcommIsPointToPoint(op->func) && (op->algo == gcommAlgoRing || op->algo == gcommAlgoTree);
-  long need = 400;
+  long need = 350;
   if (isRoot && (f == gcommFuncScatter || f == gcommFuncScatterV ||
                  (f == gcommFuncBroadcast && op->algo == gcommAlgoDirect)))
     need = n > 1 ? 1000 / (n - 1) : 1000;

@@ -83,7 +83,7 @@ static const gcommParamDef_t paramTable[] = {
      "host communicators: a step of at least GCOMM_CMA_MIN_BYTES moves between ranks of a node "
      "with one copy (process_vm_readv) where every local rank may read the others: 1, 0 never, "
      "auto where it pays at the speed such a read runs (timed at init): exchanges (send/recv, "
-     "all-to-all(v), all-gatherv) from 40% of a copy's speed, a root's sends to n-1 ranks "
+     "all-to-all(v), all-gatherv) from 35% of a copy's speed, a root's sends to n-1 ranks "
      "(scatter) from 1/(n-1), a gather's senders and a ring's or tree's forwarding from a copy's",
      LOCAL},
     {"GCOMM_CMA_MIN_BYTES", "64K", PARAM_SIZE, PARAM_AT(cmaMinBytes), NULL, 0, (int64_t)1 << 30,
