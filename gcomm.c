@@ -214,75 +214,118 @@ gcommResult_t gcommGroupEnd(void) {
   return gcommGroupClose();
 }
 
-#define OP_ARGS(F, S, R, C, T, O, ROOT, PEER)                                                   \
-  {                                                                                             \
-    .func = (F), .sendbuff = (S), .recvbuff = (R), .count = (C), .datatype = (T), .redop = (O), \
-    .root = (ROOT), .peer = (PEER)                                                              \
-  }
+/* A call of count 0 moves nothing and reads no buffer: one whose every check passes at once
+ * (gcommCallReady, the datatype, a built-in op, root and peer ranks of comm: rootless calls pass 0,
+ * collectives peer 0) is complete here, a collective taking its sequence number as on every other
+ * rank. Any other takes the whole path (enqueueCall), which says what is wrong. */
+static inline int doneAtOnce(gcommComm_t comm, gcommStream_t stream, size_t count, int func,
+                             gcommDataType_t datatype, gcommRedOp_t op, int root, int peer,
+                             const char* where) {
+  if (count != 0 || (unsigned)datatype >= gcommNumTypes || (unsigned)op >= gcommNumOps ||
+      !gcommCallReady(comm, stream, where) || (unsigned)root >= (unsigned)comm->nranks ||
+      (unsigned)peer >= (unsigned)comm->nranks)
+    return 0;
+  if (!gcommIsPointToPoint(func)) gcommOwnerAdd(&comm->collSeq, 1);
+  return 1;
+}
 
-/* A collective that may move as its vector form's parts (gcommByParts) instead of its schedule. */
-static gcommResult_t enqueueColl(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
-                                 const char* where) {
+/* A data call's operation, checked and enqueued: an AllGather, AllToAll, Gather or Scatter may
+ * move as its vector form's parts (gcommByParts) instead of its schedule. Out of line, so that
+ * doneAtOnce's path saves no register and builds no record. */
+static __attribute__((noinline)) gcommResult_t enqueueCall(
+    int func, const void* sendbuff, void* recvbuff, size_t count, gcommDataType_t datatype, int op,
+    int root, int peer, gcommComm_t comm, gcommStream_t stream, const char* where) {
+  gcommOp_t a = {.func = func,
+                 .sendbuff = sendbuff,
+                 .recvbuff = recvbuff,
+                 .count = count,
+                 .datatype = datatype,
+                 .redop = op,
+                 .root = root,
+                 .peer = peer};
+  int byParts = func == gcommFuncAllGather || func == gcommFuncAllToAll ||
+                func == gcommFuncGather || func == gcommFuncScatter;
+  if (!byParts) return gcommEnqueue(comm, &a, stream, where);
   GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
-  if (gcommByParts(comm, args)) return gcommCollParts(comm, args, stream, where);
-  return gcommEnqueueChecked(comm, args, stream, where);
+  if (gcommByParts(comm, &a)) return gcommCollParts(comm, &a, stream, where);
+  return gcommEnqueueChecked(comm, &a, stream, where);
 }
 
 gcommResult_t gcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                              gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,
                              gcommStream_t stream) {
-  gcommOp_t a = OP_ARGS(gcommFuncAllReduce, sendbuff, recvbuff, count, datatype, op, 0, -1);
-  return gcommEnqueue(comm, &a, stream, __func__);
+  if (doneAtOnce(comm, stream, count, gcommFuncAllReduce, datatype, op, 0, 0, __func__))
+    return gcommSuccess;
+  return enqueueCall(gcommFuncAllReduce, sendbuff, recvbuff, count, datatype, op, 0, -1, comm,
+                     stream, __func__);
 }
 gcommResult_t gcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                              gcommDataType_t datatype, int root, gcommComm_t comm,
                              gcommStream_t stream) {
-  gcommOp_t a = OP_ARGS(gcommFuncBroadcast, sendbuff, recvbuff, count, datatype, 0, root, -1);
-  return gcommEnqueue(comm, &a, stream, __func__);
+  if (doneAtOnce(comm, stream, count, gcommFuncBroadcast, datatype, gcommSum, root, 0, __func__))
+    return gcommSuccess;
+  return enqueueCall(gcommFuncBroadcast, sendbuff, recvbuff, count, datatype, 0, root, -1, comm,
+                     stream, __func__);
 }
 gcommResult_t gcommReduce(const void* sendbuff, void* recvbuff, size_t count,
                           gcommDataType_t datatype, gcommRedOp_t op, int root, gcommComm_t comm,
                           gcommStream_t stream) {
-  gcommOp_t a = OP_ARGS(gcommFuncReduce, sendbuff, recvbuff, count, datatype, op, root, -1);
-  return gcommEnqueue(comm, &a, stream, __func__);
+  if (doneAtOnce(comm, stream, count, gcommFuncReduce, datatype, op, root, 0, __func__))
+    return gcommSuccess;
+  return enqueueCall(gcommFuncReduce, sendbuff, recvbuff, count, datatype, op, root, -1, comm,
+                     stream, __func__);
 }
 gcommResult_t gcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                              gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
-  gcommOp_t a = OP_ARGS(gcommFuncAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0, -1);
-  return enqueueColl(comm, &a, stream, __func__);
+  if (doneAtOnce(comm, stream, sendcount, gcommFuncAllGather, datatype, gcommSum, 0, 0, __func__))
+    return gcommSuccess;
+  return enqueueCall(gcommFuncAllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0, -1, comm,
+                     stream, __func__);
 }
 gcommResult_t gcommReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                  gcommDataType_t datatype, gcommRedOp_t op, gcommComm_t comm,
                                  gcommStream_t stream) {
-  gcommOp_t a = OP_ARGS(gcommFuncReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, -1);
-  return gcommEnqueue(comm, &a, stream, __func__);
+  if (doneAtOnce(comm, stream, recvcount, gcommFuncReduceScatter, datatype, op, 0, 0, __func__))
+    return gcommSuccess;
+  return enqueueCall(gcommFuncReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, -1,
+                     comm, stream, __func__);
 }
 gcommResult_t gcommAllToAll(const void* sendbuff, void* recvbuff, size_t count,
                             gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
-  gcommOp_t a = OP_ARGS(gcommFuncAllToAll, sendbuff, recvbuff, count, datatype, 0, 0, -1);
-  return enqueueColl(comm, &a, stream, __func__);
+  if (doneAtOnce(comm, stream, count, gcommFuncAllToAll, datatype, gcommSum, 0, 0, __func__))
+    return gcommSuccess;
+  return enqueueCall(gcommFuncAllToAll, sendbuff, recvbuff, count, datatype, 0, 0, -1, comm, stream,
+                     __func__);
 }
 gcommResult_t gcommGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                           gcommDataType_t datatype, int root, gcommComm_t comm,
                           gcommStream_t stream) {
-  gcommOp_t a = OP_ARGS(gcommFuncGather, sendbuff, recvbuff, sendcount, datatype, 0, root, -1);
-  return enqueueColl(comm, &a, stream, __func__);
+  if (doneAtOnce(comm, stream, sendcount, gcommFuncGather, datatype, gcommSum, root, 0, __func__))
+    return gcommSuccess;
+  return enqueueCall(gcommFuncGather, sendbuff, recvbuff, sendcount, datatype, 0, root, -1, comm,
+                     stream, __func__);
 }
 gcommResult_t gcommScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                            gcommDataType_t datatype, int root, gcommComm_t comm,
                            gcommStream_t stream) {
-  gcommOp_t a = OP_ARGS(gcommFuncScatter, sendbuff, recvbuff, recvcount, datatype, 0, root, -1);
-  return enqueueColl(comm, &a, stream, __func__);
+  if (doneAtOnce(comm, stream, recvcount, gcommFuncScatter, datatype, gcommSum, root, 0, __func__))
+    return gcommSuccess;
+  return enqueueCall(gcommFuncScatter, sendbuff, recvbuff, recvcount, datatype, 0, root, -1, comm,
+                     stream, __func__);
 }
 gcommResult_t gcommSend(const void* sendbuff, size_t count, gcommDataType_t datatype, int peer,
                         gcommComm_t comm, gcommStream_t stream) {
-  gcommOp_t a = OP_ARGS(gcommFuncSend, sendbuff, NULL, count, datatype, 0, -1, peer);
-  return gcommEnqueue(comm, &a, stream, __func__);
+  if (doneAtOnce(comm, stream, count, gcommFuncSend, datatype, gcommSum, 0, peer, __func__))
+    return gcommSuccess;
+  return enqueueCall(gcommFuncSend, sendbuff, NULL, count, datatype, 0, -1, peer, comm, stream,
+                     __func__);
 }
 gcommResult_t gcommRecv(void* recvbuff, size_t count, gcommDataType_t datatype, int peer,
                         gcommComm_t comm, gcommStream_t stream) {
-  gcommOp_t a = OP_ARGS(gcommFuncRecv, NULL, recvbuff, count, datatype, 0, -1, peer);
-  return gcommEnqueue(comm, &a, stream, __func__);
+  if (doneAtOnce(comm, stream, count, gcommFuncRecv, datatype, gcommSum, 0, peer, __func__))
+    return gcommSuccess;
+  return enqueueCall(gcommFuncRecv, NULL, recvbuff, count, datatype, 0, -1, peer, comm, stream,
+                     __func__);
 }
 
 gcommResult_t gcommRedOpCreatePreMulSum(gcommRedOp_t* op, void* scalar, gcommDataType_t datatype,
@@ -359,13 +402,25 @@ gcommResult_t gcommTest(gcommComm_t comm, gcommStream_t stream) {
   return gcommAllDone(comm, target) ? gcommFinalResult(comm, __func__) : gcommInProgress;
 }
 
-gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
-  GCOMM_CHECK(gcommCheckComm(comm, __func__));
+/* gcommWait past its first case. */
+static __attribute__((noinline)) gcommResult_t waitChecked(gcommComm_t comm, gcommStream_t stream) {
+  GCOMM_CHECK(gcommCheckComm(comm, "gcommWait"));
 #ifdef GCOMM_GPU
-  if (comm->device >= 0) return gcommDeviceWait(comm, stream, __func__);
+  if (comm->device >= 0) return gcommDeviceWait(comm, stream, "gcommWait");
 #endif
   if (stream != NULL)
-    return GCOMM_ERROR(comm, gcommInvalidArgument, -1,
-                       "stream must be NULL on a host communicator");
+    return gcommSetError(comm, gcommInvalidArgument, -1, "gcommWait",
+                         "stream must be NULL on a host communicator");
   return gcommHostWait(comm);
+}
+
+gcommResult_t gcommWait(gcommComm_t comm, gcommStream_t stream) {
+  /* gcommHostWait's first case, without a call: the handle this thread last found live, a host
+   * communicator not stopped, nothing posted since a settled wait */
+  if (gcommLiveAtOnce(comm) && stream == NULL && comm->device < 0 &&
+      __atomic_load_n(&comm->opsPosted, __ATOMIC_ACQUIRE) ==
+          __atomic_load_n(&comm->opsSettled, __ATOMIC_ACQUIRE) &&
+      __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
+    return gcommSuccess;
+  return waitChecked(comm, stream);
 }

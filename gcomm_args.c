@@ -52,8 +52,10 @@ static int nLive, liveCap;
  * generation then (bumped by every unregister): while no communicator has gone since, that handle
  * is still live, without the lock and the search (gcommCheckComm, inline in every caller). */
 uint64_t gcommLiveGen; /* atomic */
-__thread gcommComm_t gcommLastLive;
-__thread uint64_t gcommLastLiveGen;
+GCOMM_TLS_HOT gcommComm_t gcommLastLive;
+GCOMM_TLS_HOT uint64_t gcommLastLiveGen;
+GCOMM_TLS_HOT gcommComm_t gcommLastOwned;
+GCOMM_TLS_HOT uint64_t gcommLastOwnedGen;
 
 gcommResult_t gcommCommRegister(gcommComm_t comm) {
   pthread_mutex_lock(&liveLock);
@@ -262,6 +264,7 @@ gcommResult_t gcommCheckArgs(gcommComm_t comm, gcommOp_t* op, const char* where)
 static gcommResult_t checkOwner(gcommComm_t comm, const char* where) {
   if (pthread_equal(pthread_self(), comm->owner)) {
     __atomic_store_n(&comm->ownerLastCall, where, __ATOMIC_RELAXED);
+    gcommLastOwned = comm, gcommLastOwnedGen = gcommLastLiveGen; /* gcommCheckComm's find */
     return gcommSuccess;
   }
   const char* last = __atomic_load_n(&comm->ownerLastCall, __ATOMIC_RELAXED);

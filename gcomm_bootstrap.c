@@ -387,6 +387,7 @@ static gcommResult_t connectTransports(gcommComm_t comm) {
   /* every call reads it (gcommRevokeSeen): its address once */
   gcommStatus_t* first = res == gcommSuccess ? gcommShmStatus(comm, comm->localRanks[0]) : NULL;
   comm->nodeRevoked = first != NULL ? &first->revoked : NULL;
+  comm->quickStop = comm->device < 0 && !spansNodes(comm) && comm->nodeRevoked != NULL;
 #ifdef GCOMM_GPU
   if (comm->device >= 0 && comm->params.proto == gcommProtoLL &&
       (spansNodes(comm) || copiesByEngine(comm)))

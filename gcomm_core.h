@@ -196,17 +196,40 @@ gcommResult_t gcommCheckBuffer(gcommComm_t comm, const void* buf, int isSend, si
                                const char* call, const char* where);
 /* comm is a live communicator (gcommCommIsLive), or the error says why not. */
 gcommResult_t gcommCheckCommListed(gcommComm_t comm, const char* where);
+/* Thread-local words that every call reads: addressed from the thread pointer, never through
+ * __tls_get_addr, whose call would make every caller save registers around it (a library that
+ * is dlopen'ed takes these few bytes from the static TLS space the loader keeps for this). */
+#define GCOMM_TLS_HOT __thread __attribute__((tls_model("initial-exec")))
 /* The handle this thread last found live, and the live list's generation then (gcomm_args.c). */
 extern uint64_t gcommLiveGen; /* atomic */
-extern __thread gcommComm_t gcommLastLive;
-extern __thread uint64_t gcommLastLiveGen;
-/* gcommCheckCommListed, where every call starts: the handle this thread last found live passes
- * at once while no communicator has gone since. */
+extern GCOMM_TLS_HOT gcommComm_t gcommLastLive;
+extern GCOMM_TLS_HOT uint64_t gcommLastLiveGen;
+/* Whether comm is the handle this thread last found live, no communicator gone since: it still
+ * is. gcommCheckComm, where every call starts, passes it at once, and asks gcommCheckCommListed
+ * about any other. */
+static inline int gcommLiveAtOnce(gcommComm_t comm) {
+  return comm != NULL && comm == gcommLastLive &&
+         gcommLastLiveGen == __atomic_load_n(&gcommLiveGen, __ATOMIC_ACQUIRE);
+}
 static inline gcommResult_t gcommCheckComm(gcommComm_t comm, const char* where) {
-  if (comm != NULL && comm == gcommLastLive &&
-      gcommLastLiveGen == __atomic_load_n(&gcommLiveGen, __ATOMIC_ACQUIRE))
-    return gcommSuccess;
-  return gcommCheckCommListed(comm, where);
+  return gcommLiveAtOnce(comm) ? gcommSuccess : gcommCheckCommListed(comm, where);
+}
+/* The handle this thread last passed the owner check with (gcommEnqueueCheck), and the live
+ * list's generation then: while no communicator has gone since, it is live and this thread's. */
+extern GCOMM_TLS_HOT gcommComm_t gcommLastOwned;
+extern GCOMM_TLS_HOT uint64_t gcommLastOwnedGen;
+/* Whether a call passes gcommEnqueueCheck at once (its name recorded as that does): the handle
+ * this thread last owned, no communicator gone since, stream NULL, and a host communicator of one
+ * node not stopped, its node's revoke word clear. Otherwise gcommEnqueueCheck says why not, or
+ * looks further (a revoke of another node, a GPU's kernel error). */
+static inline int gcommCallReady(gcommComm_t comm, gcommStream_t stream, const char* where) {
+  if (comm == NULL || comm != gcommLastOwned || stream != NULL ||
+      gcommLastOwnedGen != __atomic_load_n(&gcommLiveGen, __ATOMIC_ACQUIRE) || !comm->quickStop ||
+      __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) != gcommSuccess ||
+      __atomic_load_n(comm->nodeRevoked, __ATOMIC_ACQUIRE) != 0)
+    return 0;
+  __atomic_store_n(&comm->ownerLastCall, where, __ATOMIC_RELAXED);
+  return 1;
 }
 /* gcommEnqueueCheck of a call on a communicator whose operations this thread's open group holds:
  * it is live (a destroy refuses it) and this thread's (an earlier call of the group passed the

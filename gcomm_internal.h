@@ -525,7 +525,10 @@ struct gcommComm {
   int nLocal;         /* ranks on this node */
   int* localRanks;    /* their ranks, this one's included */
   volatile int* nodeRevoked; /* the node's revoke word (gcommStatus_t.revoked; NULL: no page) */
-  gcommCard_t* cards;        /* every rank's card */
+  /* a host communicator of one node with a revoke word: a revoke reaches it in that word alone,
+   * and a stop in asyncError, so a call learns both from two loads (gcommCallReady) */
+  int quickStop;
+  gcommCard_t* cards; /* every rank's card */
   char name[64];
   gcommParams_t params;
   int nChannels;    /* collective channels: lanes [0, nChannels) */
