@@ -63,6 +63,31 @@ static gcommResult_t vBegin(VCall* v, gcommComm_t comm, gcommDataType_t datatype
   return vInit(v, comm, datatype, root, hasRoot, where);
 }
 
+/* A vector call that moves nothing (every count 0) completes at once, taking its sequence number
+ * as on every other rank, when the checks of its communicator (gcommCallReady), datatype and root
+ * (hasRoot) pass; vNone checks its counts. Any other call takes the whole path, which says what is
+ * wrong. */
+static int vReady(gcommComm_t comm, gcommDataType_t datatype, int root, int hasRoot,
+                  gcommStream_t stream, const char* where) {
+  return (unsigned)datatype < gcommNumTypes && gcommCallReady(comm, stream, where) &&
+         (!hasRoot || (unsigned)root < (unsigned)comm->nranks);
+}
+
+/* Whether the blocks of counts and displs (one a rank of comm) are all empty and pass vBlocks. */
+static int vNone(gcommComm_t comm, gcommDataType_t datatype, const size_t* counts,
+                 const size_t* displs) {
+  size_t limit = SIZE_MAX / 2 / gcommTypeSize(datatype);
+  if (counts == NULL || displs == NULL) return 0;
+  for (int p = 0; p < comm->nranks; p++)
+    if (counts[p] != 0 || displs[p] > limit) return 0;
+  return 1;
+}
+
+static gcommResult_t vDone(gcommComm_t comm) {
+  gcommOwnerAdd(&comm->collSeq, 1);
+  return gcommSuccess;
+}
+
 /* Element displ of base (NULL stays NULL: a buffer a rank does not use). */
 static char* vAt(const void* base, size_t displ, size_t esz) {
   return base == NULL ? NULL : (char*)base + displ * esz;
@@ -173,12 +198,15 @@ static uint64_t hashCounts(const size_t* counts, int n) {
   return h | 1;
 }
 
-gcommResult_t gcommAllGatherV(const void* sendbuff, size_t sendcount, void* recvbuff,
-                              const size_t* recvcounts, const size_t* displs,
-                              gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
+/* gcommAllGatherV's whole path (out of line: the empty call saves no register). */
+static __attribute__((noinline)) gcommResult_t allGatherV(const void* sendbuff, size_t sendcount,
+                                                          void* recvbuff, const size_t* recvcounts,
+                                                          const size_t* displs,
+                                                          gcommDataType_t datatype,
+                                                          gcommComm_t comm, gcommStream_t stream) {
   VCall v;
   size_t extent;
-  GCOMM_CHECK(vBegin(&v, comm, datatype, 0, 0, stream, __func__));
+  GCOMM_CHECK(vBegin(&v, comm, datatype, 0, 0, stream, "gcommAllGatherV"));
   int n = comm->nranks, r = comm->rank;
   gcommResult_t res = vBlocks(&v, "recvcounts", recvcounts, "displs", displs, &extent);
   if (res == gcommSuccess && sendcount != recvcounts[r])
@@ -193,15 +221,26 @@ gcommResult_t gcommAllGatherV(const void* sendbuff, size_t sendcount, void* recv
   if (res != gcommSuccess) return res;
   vAllGather(&v, sendbuff, sendcount, recvbuff, recvcounts, displs);
   return gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncAllGatherV, hashCounts(recvcounts, n),
-                          stream, __func__);
+                          stream, "gcommAllGatherV");
 }
 
-gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
-                             void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
-                             gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
+gcommResult_t gcommAllGatherV(const void* sendbuff, size_t sendcount, void* recvbuff,
+                              const size_t* recvcounts, const size_t* displs,
+                              gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
+  if (sendcount == 0 && vReady(comm, datatype, 0, 0, stream, __func__) &&
+      vNone(comm, datatype, recvcounts, displs))
+    return vDone(comm);
+  return allGatherV(sendbuff, sendcount, recvbuff, recvcounts, displs, datatype, comm, stream);
+}
+
+/* gcommAllToAllV's whole path (out of line: the empty call saves no register). */
+static __attribute__((noinline)) gcommResult_t allToAllV(
+    const void* sendbuff, const size_t* sendcounts, const size_t* sdispls, void* recvbuff,
+    const size_t* recvcounts, const size_t* rdispls, gcommDataType_t datatype, gcommComm_t comm,
+    gcommStream_t stream) {
   VCall v;
   size_t inBytes, outBytes;
-  GCOMM_CHECK(vBegin(&v, comm, datatype, 0, 0, stream, __func__));
+  GCOMM_CHECK(vBegin(&v, comm, datatype, 0, 0, stream, "gcommAllToAllV"));
   int r = comm->rank;
   gcommResult_t res = vBlocks(&v, "sendcounts", sendcounts, "sdispls", sdispls, &inBytes);
   if (res == gcommSuccess)
@@ -214,7 +253,17 @@ gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, con
   if (res == gcommSuccess) res = vBuffer(&v, recvbuff, 0, outBytes / v.esz);
   if (res != gcommSuccess) return res;
   vExchange(&v, sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls);
-  return gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncAllToAllV, 0, stream, __func__);
+  return gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncAllToAllV, 0, stream, "gcommAllToAllV");
+}
+
+gcommResult_t gcommAllToAllV(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
+                             void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
+                             gcommDataType_t datatype, gcommComm_t comm, gcommStream_t stream) {
+  if (vReady(comm, datatype, 0, 0, stream, __func__) &&
+      vNone(comm, datatype, sendcounts, sdispls) && vNone(comm, datatype, recvcounts, rdispls))
+    return vDone(comm);
+  return allToAllV(sendbuff, sendcounts, sdispls, recvbuff, recvcounts, rdispls, datatype, comm,
+                   stream);
 }
 
 /* Root's side of GatherV (gather) or ScatterV: its own block `own` (ownCount elements: GatherV's
@@ -274,11 +323,14 @@ gcommResult_t gcommCollParts(gcommComm_t comm, gcommOp_t* args, gcommStream_t st
   return res;
 }
 
-gcommResult_t gcommGatherV(const void* sendbuff, size_t sendcount, void* recvbuff,
-                           const size_t* recvcounts, const size_t* displs, gcommDataType_t datatype,
-                           int root, gcommComm_t comm, gcommStream_t stream) {
+/* gcommGatherV's whole path (out of line: the empty call saves no register). */
+static __attribute__((noinline)) gcommResult_t gatherV(const void* sendbuff, size_t sendcount,
+                                                       void* recvbuff, const size_t* recvcounts,
+                                                       const size_t* displs,
+                                                       gcommDataType_t datatype, int root,
+                                                       gcommComm_t comm, gcommStream_t stream) {
   VCall v;
-  GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, stream, __func__));
+  GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, stream, "gcommGatherV"));
   gcommResult_t res = gcommSuccess;
   if (comm->rank != root) { /* recvbuff, recvcounts and displs are root's */
     res = vBuffer(&v, sendbuff, 1, sendcount);
@@ -287,15 +339,25 @@ gcommResult_t gcommGatherV(const void* sendbuff, size_t sendcount, void* recvbuf
     res = vRoot(&v, 1, sendbuff, sendcount, recvbuff, recvcounts, displs);
   }
   if (res == gcommSuccess)
-    res = gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncGatherV, 0, stream, __func__);
+    res = gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncGatherV, 0, stream, "gcommGatherV");
   return res;
 }
 
-gcommResult_t gcommScatterV(const void* sendbuff, const size_t* sendcounts, const size_t* displs,
-                            void* recvbuff, size_t recvcount, gcommDataType_t datatype, int root,
-                            gcommComm_t comm, gcommStream_t stream) {
+gcommResult_t gcommGatherV(const void* sendbuff, size_t sendcount, void* recvbuff,
+                           const size_t* recvcounts, const size_t* displs, gcommDataType_t datatype,
+                           int root, gcommComm_t comm, gcommStream_t stream) {
+  if (sendcount == 0 && vReady(comm, datatype, root, 1, stream, __func__) &&
+      (comm->rank != root || vNone(comm, datatype, recvcounts, displs)))
+    return vDone(comm);
+  return gatherV(sendbuff, sendcount, recvbuff, recvcounts, displs, datatype, root, comm, stream);
+}
+
+/* gcommScatterV's whole path (out of line: the empty call saves no register). */
+static __attribute__((noinline)) gcommResult_t scatterV(
+    const void* sendbuff, const size_t* sendcounts, const size_t* displs, void* recvbuff,
+    size_t recvcount, gcommDataType_t datatype, int root, gcommComm_t comm, gcommStream_t stream) {
   VCall v;
-  GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, stream, __func__));
+  GCOMM_CHECK(vBegin(&v, comm, datatype, root, 1, stream, "gcommScatterV"));
   gcommResult_t res = gcommSuccess;
   if (comm->rank != root) { /* sendbuff, sendcounts and displs are root's */
     res = vBuffer(&v, recvbuff, 0, recvcount);
@@ -304,6 +366,15 @@ gcommResult_t gcommScatterV(const void* sendbuff, const size_t* sendcounts, cons
     res = vRoot(&v, 0, recvbuff, recvcount, sendbuff, sendcounts, displs);
   }
   if (res == gcommSuccess)
-    res = gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncScatterV, 0, stream, __func__);
+    res = gcommSubmitParts(comm, v.parts, v.nParts, gcommFuncScatterV, 0, stream, "gcommScatterV");
   return res;
+}
+
+gcommResult_t gcommScatterV(const void* sendbuff, const size_t* sendcounts, const size_t* displs,
+                            void* recvbuff, size_t recvcount, gcommDataType_t datatype, int root,
+                            gcommComm_t comm, gcommStream_t stream) {
+  if (recvcount == 0 && vReady(comm, datatype, root, 1, stream, __func__) &&
+      (comm->rank != root || vNone(comm, datatype, sendcounts, displs)))
+    return vDone(comm);
+  return scatterV(sendbuff, sendcounts, displs, recvbuff, recvcount, datatype, root, comm, stream);
 }
