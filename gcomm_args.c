@@ -52,10 +52,10 @@ static int nLive, liveCap;
  * generation then (bumped by every unregister): while no communicator has gone since, that handle
  * is still live, without the lock and the search (gcommCheckComm, inline in every caller). */
 uint64_t gcommLiveGen; /* atomic */
-GCOMM_TLS_HOT gcommComm_t gcommLastLive;
-GCOMM_TLS_HOT uint64_t gcommLastLiveGen;
-GCOMM_TLS_HOT gcommComm_t gcommLastOwned;
-GCOMM_TLS_HOT uint64_t gcommLastOwnedGen;
+__thread gcommComm_t gcommLastLive;
+__thread uint64_t gcommLastLiveGen;
+__thread gcommComm_t gcommLastOwned;
+__thread uint64_t gcommLastOwnedGen;
 
 gcommResult_t gcommCommRegister(gcommComm_t comm) {
   pthread_mutex_lock(&liveLock);

@@ -196,14 +196,10 @@ gcommResult_t gcommCheckBuffer(gcommComm_t comm, const void* buf, int isSend, si
                                const char* call, const char* where);
 /* comm is a live communicator (gcommCommIsLive), or the error says why not. */
 gcommResult_t gcommCheckCommListed(gcommComm_t comm, const char* where);
-/* Thread-local words that every call reads: addressed from the thread pointer, never through
- * __tls_get_addr, whose call would make every caller save registers around it (a library that
- * is dlopen'ed takes these few bytes from the static TLS space the loader keeps for this). */
-#define GCOMM_TLS_HOT __thread __attribute__((tls_model("initial-exec")))
 /* The handle this thread last found live, and the live list's generation then (gcomm_args.c). */
 extern uint64_t gcommLiveGen; /* atomic */
-extern GCOMM_TLS_HOT gcommComm_t gcommLastLive;
-extern GCOMM_TLS_HOT uint64_t gcommLastLiveGen;
+extern __thread gcommComm_t gcommLastLive;
+extern __thread uint64_t gcommLastLiveGen;
 /* Whether comm is the handle this thread last found live, no communicator gone since: it still
  * is. gcommCheckComm, where every call starts, passes it at once, and asks gcommCheckCommListed
  * about any other. */
@@ -216,8 +212,8 @@ static inline gcommResult_t gcommCheckComm(gcommComm_t comm, const char* where) 
 }
 /* The handle this thread last passed the owner check with (gcommEnqueueCheck), and the live
  * list's generation then: while no communicator has gone since, it is live and this thread's. */
-extern GCOMM_TLS_HOT gcommComm_t gcommLastOwned;
-extern GCOMM_TLS_HOT uint64_t gcommLastOwnedGen;
+extern __thread gcommComm_t gcommLastOwned;
+extern __thread uint64_t gcommLastOwnedGen;
 /* Whether a call passes gcommEnqueueCheck at once (its name recorded as that does): the handle
  * this thread last owned, no communicator gone since, stream NULL, and a host communicator of one
  * node not stopped, its node's revoke word clear. Otherwise gcommEnqueueCheck says why not, or
