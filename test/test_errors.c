@@ -161,6 +161,46 @@ static int isError(gcommResult_t res) {
   return res == gcommInvalidArgument || res == gcommInvalidUsage;
 }
 
+/* Makes the call a bad in its one argument (buf: the buffer both of its sides live in). */
+static void makeBad(Args* a, Bad bad, Func f, unsigned char* buf) {
+  switch (bad) {
+    case BAD_COMM:
+      a->comm = NULL;
+      break;
+    case BAD_SEND_NULL:
+      a->sendbuff = NULL;
+      break;
+    case BAD_RECV_NULL:
+      a->recvbuff = NULL;
+      break;
+    case BAD_TYPE:
+      a->type = (gcommDataType_t)99;
+      break;
+    case BAD_OP:
+      a->op = (gcommRedOp_t)99;
+      break;
+    case BAD_ROOT_NEG:
+      a->root = -1;
+      break;
+    case BAD_ROOT_BIG:
+      a->root = tlNranks;
+      break;
+    case BAD_PEER_NEG:
+      a->peer = -1;
+      break;
+    case BAD_PEER_BIG:
+      a->peer = tlNranks;
+      break;
+    case BAD_OVERLAP:
+      /* recvbuff one element after sendbuff (AllGather: sendbuff one after recvbuff) */
+      a->recvbuff = buf + 4;
+      if (f == F_ALLGATHER) a->sendbuff = buf + 4, a->recvbuff = buf;
+      break;
+    default:
+      break;
+  }
+}
+
 /* One buffer of 2*nranks*COUNT int32 elements holds both sides of a call (the overlap case needs
  * them in one buffer; otherwise send is the first half, recv the second). */
 static void testBad(gcommComm_t comm, Bad bad, Func f) {
@@ -169,42 +209,7 @@ static void testBad(gcommComm_t comm, Bad bad, Func f) {
   tlFillRandom(buf.ptr, half / 4, gcommInt32, tlNextSeed(), tlRank);
   Args a = {buf.ptr,      buf.ptr + half,          COUNT, gcommInt32, gcommSum,
             tlNranks - 1, (tlRank + 1) % tlNranks, comm};
-  switch (bad) {
-    case BAD_COMM:
-      a.comm = NULL;
-      break;
-    case BAD_SEND_NULL:
-      a.sendbuff = NULL;
-      break;
-    case BAD_RECV_NULL:
-      a.recvbuff = NULL;
-      break;
-    case BAD_TYPE:
-      a.type = (gcommDataType_t)99;
-      break;
-    case BAD_OP:
-      a.op = (gcommRedOp_t)99;
-      break;
-    case BAD_ROOT_NEG:
-      a.root = -1;
-      break;
-    case BAD_ROOT_BIG:
-      a.root = tlNranks;
-      break;
-    case BAD_PEER_NEG:
-      a.peer = -1;
-      break;
-    case BAD_PEER_BIG:
-      a.peer = tlNranks;
-      break;
-    case BAD_OVERLAP:
-      /* recvbuff one element after sendbuff (AllGather: sendbuff one after recvbuff) */
-      a.recvbuff = buf.ptr + 4;
-      if (f == F_ALLGATHER) a.sendbuff = buf.ptr + 4, a.recvbuff = buf.ptr;
-      break;
-    default:
-      break;
-  }
+  makeBad(&a, bad, f, buf.ptr);
   unsigned char* before = malloc(2 * half);
   memcpy(before, buf.ptr, 2 * half);
   gcommResult_t res = call(f, &a);
@@ -240,6 +245,47 @@ static void testBad(gcommComm_t comm, Bad bad, Func f) {
 }
 
 /* NULL out-pointers and communicators, a bad config, call order, count 0 with NULL buffers. */
+/* A call of count 0 whose checks all pass at once completes in the call (the call before, by the
+ * same thread on the same communicator, let it skip the lookups): a bad argument is still refused
+ * with a message naming it, by this thread and by another one. */
+static void testCountZero(gcommComm_t comm, Bad bad, Func f) {
+  unsigned char buf[8] = {0};
+  Args good = {buf, buf + 4, 0, gcommInt32, gcommSum, tlNranks - 1, (tlRank + 1) % tlNranks, comm};
+  Args a = good;
+  makeBad(&a, bad, f, buf);
+  TL_OK(comm, call(f, &good));
+  gcommResult_t res = call(f, &a);
+  const char* msg = gcommGetLastError(a.comm);
+  if (!isError(res))
+    tlFail("returned %s, not gcommInvalidArgument or gcommInvalidUsage", gcommGetErrorString(res));
+  else if (!mentions(msg, bads[bad].names))
+    tlFail("gcommGetLastError does not name %s: \"%s\"", bads[bad].names, msg);
+  TL_OK(comm, call(f, &good));
+  TL_OK(comm, gcommWait(comm, NULL));
+  tlReport("count 0 after a good call, bad %s: %s", funcNames[f], bads[bad].what);
+}
+
+static void* countZeroElsewhere(void* arg) {
+  static gcommResult_t res;
+  res = gcommAllReduce(NULL, NULL, 0, gcommFloat, gcommSum, (gcommComm_t)arg, NULL);
+  return &res;
+}
+
+static void testCountZeroThread(gcommComm_t comm) {
+  TL_OK(comm, gcommAllReduce(NULL, NULL, 0, gcommFloat, gcommSum, comm, NULL));
+  pthread_t t;
+  void* ret = NULL;
+  pthread_create(&t, NULL, countZeroElsewhere, comm);
+  pthread_join(t, &ret);
+  gcommResult_t res = *(gcommResult_t*)ret;
+  if (res != gcommInvalidUsage || !strstr(gcommGetLastError(comm), "thread"))
+    tlFail("another thread's call of count 0 returned %s: %s", gcommGetErrorString(res),
+           gcommGetLastError(comm));
+  TL_OK(comm, gcommAllReduce(NULL, NULL, 0, gcommFloat, gcommSum, comm, NULL));
+  TL_OK(comm, gcommWait(comm, NULL));
+  tlReport("count 0 after a good call, from another thread: refused");
+}
+
 static void testMisc(gcommComm_t comm) {
   static const struct {
     const char* what;
@@ -690,6 +736,11 @@ int main(int argc, char** argv) {
     for (Bad b = 0; b < NBADS; b++)
       for (Func f = 0; f < NFUNCS; f++)
         if (bads[b].funcs & FN(f)) testBad(comm, b, f);
+    for (Bad b = 0; b < NBADS; b++)
+      for (Func f = 0; f < NFUNCS; f++)
+        if ((bads[b].funcs & FN(f)) && b != BAD_SEND_NULL && b != BAD_RECV_NULL && b != BAD_OVERLAP)
+          testCountZero(comm, b, f);
+    testCountZeroThread(comm);
     testMisc(comm);
     testHuge(comm);
     testMisaligned(comm);
