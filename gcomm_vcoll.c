@@ -63,6 +63,11 @@ static gcommResult_t vBegin(VCall* v, gcommComm_t comm, gcommDataType_t datatype
   return vInit(v, comm, datatype, root, hasRoot, where);
 }
 
+/* Whether a block of count elements at displ stays within limit elements (no overflow). */
+static int vBlockFits(size_t count, size_t displ, size_t limit) {
+  return count <= limit && displ <= limit - count;
+}
+
 /* A vector call that moves nothing (every count 0) completes at once, taking its sequence number
  * as on every other rank, when the checks of its communicator (gcommCallReady), datatype and root
  * (hasRoot) pass; vNone checks its counts. Any other call takes the whole path, which says what is
@@ -79,7 +84,7 @@ static int vNone(gcommComm_t comm, gcommDataType_t datatype, const size_t* count
   size_t limit = SIZE_MAX / 2 / gcommTypeSize(datatype);
   if (counts == NULL || displs == NULL) return 0;
   for (int p = 0; p < comm->nranks; p++)
-    if (counts[p] != 0 || displs[p] > limit) return 0;
+    if (counts[p] != 0 || !vBlockFits(0, displs[p], limit)) return 0;
   return 1;
 }
 
@@ -132,7 +137,7 @@ static gcommResult_t vBlocks(VCall* v, const char* countsName, const size_t* cou
   if (counts == NULL) return V_BAD(v, "%s is NULL", countsName);
   if (displs == NULL) return V_BAD(v, "%s is NULL", displsName);
   for (int p = 0; p < v->comm->nranks; p++) {
-    if (counts[p] > limit || displs[p] > limit - counts[p])
+    if (!vBlockFits(counts[p], displs[p], limit))
       return V_BAD(v, "%s[%d] = %zu and %s[%d] = %zu are too large", countsName, p, counts[p],
                    displsName, p, displs[p]);
     if (counts[p] > 0 && (displs[p] + counts[p]) * v->esz > *extent)
