@@ -32,7 +32,8 @@ endif
 # the core (gcomm.c: the API; gcomm_*.c: one concern each, docs/ARCHITECTURE.md) and the transports
 CORE_SRC = gcomm_params.c gcomm_wait.c gcomm_order.c gcomm_net_direct.c \
            gcomm_executor.c gcomm_progress.c gcomm_profiler.c gcomm_tuning.c gcomm_args.c \
-           gcomm_enqueue.c gcomm_bootstrap.c gcomm_agree.c gcomm_vcoll.c gcomm_shrink.c gcomm_gdr.c
+           gcomm_enqueue.c gcomm_bootstrap.c gcomm_agree.c gcomm_vcoll.c gcomm_shrink.c gcomm_gdr.c \
+           gcomm_hostmem.c
 LIB_SRC  = gcomm.c $(CORE_SRC) transports/shm.c
 # the GPU engine (CUDA=1 or HIP=1) and the IPC transport between a node's GPUs
 GPU_SRC  = gcomm_gpu_engine.c gcomm_gpu_copy.c gcomm_gpu_proxy.c gcomm_gpu_prof.c gcomm_gpu_net.c \

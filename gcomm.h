@@ -124,6 +124,19 @@ gcommResult_t gcommCommUserRank(const gcommComm_t comm, int* rank);
 /* The CUDA/HIP device of comm, or GCOMM_DEVICE_HOST. */
 gcommResult_t gcommCommDevice(const gcommComm_t comm, int* device);
 
+/* ---- Host memory the ranks of a node share ----
+ * Host buffers for host communicators, page-aligned, zeroed. A step that another rank of the
+ * node receives from such a buffer is read by that rank straight from it (one copy at a memcpy's
+ * speed, or none where it reduces the data into its own result), where plain memory is copied
+ * with process_vm_readv or twice through shared memory (GCOMM_CMA: either needs the right to
+ * read the peer's memory, as a debugger would). Any memory works with every call; these buffers
+ * make large transfers between the ranks of a node faster. A peer keeps its mapping of a buffer
+ * after gcommHostFree until the communicator is destroyed or the mapping is one of more than 32
+ * it holds: allocate once, use many times. Any thread may call these. */
+gcommResult_t gcommHostAlloc(void** ptr, size_t bytes);
+/* Frees a buffer of gcommHostAlloc (NULL: nothing); no operation may still use it. */
+gcommResult_t gcommHostFree(void* ptr);
+
 /* ---- Collectives ----
  * Enqueue and return. On a GPU communicator they are ordered on stream; on a host communicator
  * (stream NULL) they run asynchronously and complete at gcommWait(comm, NULL), each call after

@@ -27,19 +27,21 @@ static char* slotData(gcommConn_t* c, size_t bytes) {
 
 /* The reference a rank of this node handed c's step over by (GCOMM_CMA), which the line of a
  * payload too large for it carries; NULL: the payload is in the slot (or the line). */
-static const char* slotRef(const gcommConn_t* c, size_t bytes) {
+static const gcommRef_t* slotRef(const gcommConn_t* c, size_t bytes) {
   if (c->lines == NULL || bytes <= GCOMM_LINE_PAYLOAD) return NULL;
-  return c->lines[c->step % GCOMM_LINES].ref;
+  const gcommRef_t* ref = &c->lines[c->step % GCOMM_LINES].ref;
+  return ref->at != NULL ? ref : NULL;
 }
 
 /* Hands the filled slot of c's step over: its word (and, in the line of a payload too large for
  * it, ref: where in this rank's memory the payload is, or NULL), then the flag of its line (the
  * tail follows for dumps only) or the tail. */
-static void slotPublish(gcommConn_t* c, uint64_t word, const char* ref) {
+static void slotPublish(gcommConn_t* c, uint64_t word, const gcommRef_t* ref) {
   uint64_t next = c->step + 1;
   if (c->lines != NULL) {
     gcommLine_t* line = &c->lines[c->step % GCOMM_LINES];
-    if ((uint32_t)word > GCOMM_LINE_PAYLOAD) line->ref = ref; /* the word's payload size */
+    if ((uint32_t)word > GCOMM_LINE_PAYLOAD) /* the word's payload size */
+      line->ref = ref != NULL ? *ref : (gcommRef_t){NULL, 0, 0, 0, -1};
     line->word = word;
     __atomic_store_n(&line->flag, next, __ATOMIC_RELEASE);
     __atomic_store_n(&c->fifo->tail, next, __ATOMIC_RELAXED);
@@ -173,18 +175,25 @@ static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* 
     gcommDivideArray(op->datatype, value, st->count, comm->nranks);
 }
 
-/* Whether one copy pays for op's sends to ranks of this node at comm->cmaSpeed (a read's speed,
- * per mille of a copy's), by where the copies fall (measured on a 64-core H100 host whose reads
- * ran at 44-52%, 2-16 ranks, 1-16 MB, forced one copy against the FIFO):
+/* Whether one copy pays for op's sends to ranks of this node when the receiver reads at speed
+ * (per mille of a copy's: comm->cmaSpeed, or a copy's own from a buffer of gcommHostAlloc), by
+ * where the copies fall (measured on a 64-core H100 host whose reads ran at 44-52%, 2-16 ranks,
+ * 1-16 MB, forced one copy against the FIFO):
  *  - a root sending to every other local rank (Scatter, ScatterV, a direct Broadcast) makes n-1
  *    copies into the slots one after another, where each receiver's one read runs at once with
  *    the others': reads pay from 1/(n-1) of a copy's speed (16 ranks, a 16 MB scatter in 0.21 ms
- *    against 2.1 through the slots);
+ *    against 2.1 through the slots); but at 2 ranks a root in place, which has nothing else to
+ *    do, copying into the slots while its peer copies out of them moves data faster than the
+ *    peer's one read alone, even at a copy's speed (32 cores, a 16 MB broadcast in place from
+ *    gcommHostAlloc's buffers: 2.47 ms by reference, 1.74 through the slots);
  *  - a rank sending to a root that receives from every rank (Gather, GatherV) would leave the
- *    root n-1 reads in place of its n-1 copies out of the slots, and a ring or tree (Broadcast,
- *    AllGather, an AllReduce's all-gather half) one read a rank in place of copies its
- *    neighbours make alongside its own: only reads as fast as copies (a 16 MB gather 2.5 ms
- *    against 0.64; ring all-gather and broadcast at 4-16 ranks 5-30% slower by reference);
+ *    root n-1 reads in place of its n-1 copies out of the slots, which its senders warmed in the
+ *    cache while the root copied: only where forced (a 16 MB gather 2.5 ms against
+ *    0.64; from gcommHostAlloc's buffers on 32 cores, 4-16 ranks 4 MB, 0.68-0.80 of MPICH's
+ *    speed by reference against 2.3-3.2 through the slots);
+ *  - a ring or tree (Broadcast, AllGather, an AllReduce's all-gather half) one read a rank in
+ *    place of copies its neighbours make alongside its own: only reads as fast as copies (ring
+ *    all-gather and broadcast at 4-16 ranks 5-30% slower by process_vm_readv);
  *  - an exchange, where every rank sends and receives in pairs (send/recv, all-to-all(v),
  *    all-gatherv, a direct all-gather): one read against two copies, into the slot and out of
  *    it, both moving through memory the other ranks' copies load too: from 35% (all-to-all 16 MB
@@ -194,35 +203,53 @@ static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* 
  *    cache, where a read's page pinning weighs most: on memory that is not, as a large
  *    exchange's, reads run 1.3-1.7x closer to a copy (2 vCPUs, 64-128 KB reads: 42-50% warm,
  *    55-78% cold). */
-static int refPays(gcommComm_t comm, const gcommOp_t* op) {
+/* Whether op's root sends from its output (in place), so that it copies nothing to itself. */
+static int rootInPlace(gcommComm_t comm, const gcommOp_t* op) {
+  size_t in, out, esz = gcommTypeSize(op->datatype);
+  gcommBufferCounts(op, comm->rank, comm->nranks, &in, &out);
+  return gcommRangesMeet(op->sendbuff, in * esz, op->recvbuff, out * esz);
+}
+
+static int refPays(gcommComm_t comm, const gcommOp_t* op, long speed) {
   int n = comm->nLocal, f = op->callFunc, isRoot = comm->rank == op->root;
   int forwards =
       !gcommIsPointToPoint(op->func) && (op->algo == gcommAlgoRing || op->algo == gcommAlgoTree);
   long need = 350;
   if (isRoot && (f == gcommFuncScatter || f == gcommFuncScatterV ||
                  (f == gcommFuncBroadcast && op->algo == gcommAlgoDirect)))
-    need = n > 1 ? 1000 / (n - 1) : 1000;
-  else if (forwards || (!isRoot && (f == gcommFuncGather || f == gcommFuncGatherV)))
+    need = n > 2 || !rootInPlace(comm, op) ? 1000 / (n > 1 ? n - 1 : 1) : 1001;
+  else if (!isRoot && (f == gcommFuncGather || f == gcommFuncGatherV))
+    need = 1001; /* more than a copy's: forced only */
+  else if (forwards)
     need = 1000;
-  return comm->cmaSpeed >= need;
+  return speed >= need;
 }
 
 /* Whether the value of a step, in the caller's memory at user (NULL: not there), goes to send
  * FIFO c by reference. Over the network always (the provider sends from it). To a rank of this
- * node (GCOMM_CMA) where its one copy pays, a step of at least c->refMinBytes whose receiver only
- * copies it (not a reduction's input: its receiver reads it once anyway, to reduce it), and where
- * no operation of this rank running now writes that memory: such a write must wait until the peer
- * has copied it, and the peer's own receive may wait likewise for this rank (an in-place
- * all-to-all, a send and a receive of one buffer in a group): neither would come. A finished
- * value (in the output) is written once by its operation, and a root that only sends (Broadcast,
- * Scatter) may lend its input in place. */
+ * node (GCOMM_CMA), a step of at least c->refMinBytes (refMinFileBytes) where its one copy pays
+ * (refPays: read at a copy's speed from a buffer of gcommHostAlloc, whose file ref then names) and
+ * its receiver only copies it; a reduction's input only from such a buffer, where every rank
+ * reduces (ReduceScatter, AllReduce: the receiver reduces it where it lies, and the sender's copy
+ * into the slot is saved; 2 ranks, 1-16 MB, 1.4-1.6x MPICH's speed through the slots, 1.9-2.3x so),
+ * not a Reduce's (its other ranks' copies into the slots run beside the root's reductions; through
+ * the slots, 2 ranks 1 MB: 2.1x MPICH's speed, by reference 1.3x); plain memory's never (its
+ * receiver reads it once anyway, to reduce it). In every case only where no operation of this rank
+ * running now writes that memory: such a write must wait until the peer has copied it, and the
+ * peer's own receive may wait likewise for this rank (an in-place all-to-all, a send and a receive
+ * of one buffer in a group): neither would come. A finished value (in the output) is written once
+ * by its operation, and a root that only sends (Broadcast, Scatter) may lend its input in place. */
 static int sendsRef(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* st,
-                    const gcommConn_t* c, const char* user, size_t bytes) {
+                    const gcommConn_t* c, const char* user, size_t bytes, gcommRef_t* ref) {
   if (user == NULL || c->refs == NULL) return 0;
   if (c->refPid == 0) return 1;
+  if (bytes < c->refMinFileBytes) return 0;
   int finished = st->dst != GCOMM_BUF_NONE || st->src == GCOMM_BUF_OUT;
-  if (bytes < c->refMinBytes || (!finished && gcommIsReduction(op->func)) || !refPays(comm, op))
-    return 0;
+  int inFile = gcommHostFind(user, bytes, ref);
+  if (!inFile && bytes < c->refMinBytes) return 0;
+  long speed = inFile && comm->cmaSpeed < 1000 ? 1000 : comm->cmaSpeed;
+  int reduces = !finished && gcommIsReduction(op->func) && (!inFile || op->func == gcommFuncReduce);
+  if (reduces || !refPays(comm, op, speed)) return 0;
   for (const gcommOp_t* e = comm->activeHead; e != NULL; e = e->nextActive) {
     size_t in, out;
     if (e == op && (finished || op->func == gcommFuncBroadcast || op->func == gcommFuncScatter))
@@ -234,17 +261,18 @@ static int sendsRef(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* st
 }
 
 /* Where a received slot's data is for the step: the slot (or its line), the caller's memory the
- * network received it into, or, for a slot handed over by reference by a rank of this node, where
- * this rank copied it from the sender's memory: dst itself when the step only copies it there (one
- * copy in all), else the slot (what a reduction reads). */
+ * network received it into, or, for a slot handed over by reference by a rank of this node, the
+ * sender's buffer itself in this rank's mapping of it (gcommHostAlloc: the step copies or reduces
+ * from there), else where this rank copied it from the sender's memory: dst itself when the step
+ * only copies it there (one copy in all), else the slot (what a reduction reads). */
 static gcommResult_t receivedData(gcommComm_t comm, gcommConn_t* c, const gcommStep_t* st,
                                   char* dst, size_t bytes, char** data) {
   int slot = (int)(c->step % GCOMM_STEPS);
-  const char* ref = slotRef(c, bytes);
+  const gcommRef_t* ref = slotRef(c, bytes);
   *data = c->landed && c->landed[slot] ? c->landed[slot] : slotData(c, bytes);
   if (ref == NULL) return gcommSuccess;
-  if (dst != NULL && !st->reduce && st->recvPeer[1] < 0) *data = dst;
-  return gcommShmReadRef(comm, c, *data, ref, bytes);
+  char* to = dst != NULL && !st->reduce && st->recvPeer[1] < 0 ? dst : *data;
+  return gcommShmReadRef(comm, c, ref, to, bytes, data);
 }
 
 /* Executes a ready step: value = recv (op src) or src; value -> dst and send FIFOs. */
@@ -286,7 +314,9 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
   char* user = dst ? dst : nIn == 0 && !st->postOp && !stepScalesInput(op, st, nIn) ? src : NULL;
   char* value = user ? user : out[0];
   int byRef[2] = {0, 0};
-  for (int i = 0; i < nOut; i++) byRef[i] = sendsRef(comm, op, st, outConn[i], user, bytes);
+  gcommRef_t ref[2] = {{user, 0, 0, 0, -1}, {user, 0, 0, 0, -1}};
+  for (int i = 0; i < nOut; i++)
+    byRef[i] = sendsRef(comm, op, st, outConn[i], user, bytes, &ref[i]);
   if (value != NULL && bytes > 0) {
     stepValue(comm, op, st, src, in, nIn, value);
     for (int i = 0; i < nOut; i++)
@@ -296,18 +326,19 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
   for (int i = 0, o = 0; i < 2; i++) {
     if (st->sendPeer[i] >= 0) {
       gcommConn_t* c = outConn[o];
-      const char* ref = byRef[o++] ? user : NULL;
+      const gcommRef_t* lent = byRef[o] ? &ref[o] : NULL;
+      o++;
       if (c->refs) {
-        c->refs[c->step % GCOMM_STEPS] = ref;
+        c->refs[c->step % GCOMM_STEPS] = lent ? user : NULL;
         c->refBatch[c->step % GCOMM_STEPS] = op->batch;
-        if (ref) {
+        if (lent) {
           __atomic_store_n(&comm->refsUsed, 1, __ATOMIC_RELAXED);
           __atomic_store_n(&c->refUntil, c->step + 1, __ATOMIC_RELAXED);
         }
       }
       /* the payload size and the call's tag (across nodes the tag travels as the message's
        * completion data, transports/net_ofi.c) */
-      slotPublish(c, GCOMM_SLOT_WORD(op->tag, bytes), ref);
+      slotPublish(c, GCOMM_SLOT_WORD(op->tag, bytes), lent);
     }
     if (st->recvPeer[i] >= 0) {
       gcommConn_t* c = recvConn(comm, w->lane, st->recvPeer[i]);

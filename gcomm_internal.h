@@ -193,17 +193,27 @@ typedef struct {
  * hand-off of one cache line, instead of the tail, the word and the slot (three lines; the tail
  * still advances, for dumps). Larger payloads stay in the slot; the line carries their word and
  * ref: where in the sender's memory the payload is instead, when the sender handed it over by
- * reference (GCOMM_CMA), else NULL.
+ * reference (GCOMM_CMA), else NULL (ref.at).
  * A FIFO has GCOMM_LINES lines, step s in line s % GCOMM_LINES: a sender of payloads that fit a
  * line runs up to that many steps ahead of its receiver (a slot's payload, GCOMM_STEPS), as
  * MPICH's eager cells let a broadcast root or a sender of small messages go on without waiting for
  * a receiver that has not been scheduled yet. */
 #define GCOMM_LINE_PAYLOAD 48
 #define GCOMM_LINES 64
+/* A reference to a step's payload in the sender's memory: at, and, when that lies in a buffer from
+ * gcommHostAlloc (gcomm_hostmem.c), the buffer's file, which the receiver maps to copy with plain
+ * loads: its allocation number (0: plain memory, read with process_vm_readv), its address and size
+ * in the sender, the sender's descriptor of it. */
+typedef struct {
+  const char* at;
+  uint64_t fileId, fileBase, fileBytes;
+  int32_t fileFd;
+} gcommRef_t;
+_Static_assert(sizeof(gcommRef_t) <= GCOMM_LINE_PAYLOAD, "a reference fits a line's payload");
 typedef struct {
   union {
     char data[GCOMM_LINE_PAYLOAD];
-    const char* ref;
+    gcommRef_t ref;
   };
   volatile uint64_t word;
   volatile uint64_t flag;
@@ -242,7 +252,7 @@ typedef struct {
    * there. */
   const char** refs;
   uint64_t refUntil;
-  size_t refMinBytes;
+  size_t refMinBytes, refMinFileBytes; /* the latter from a buffer of gcommHostAlloc */
   pid_t refPid;
   uint64_t refBatch[GCOMM_STEPS]; /* sender: the post (gcommOp.batch) of each slot's reference */
   /* A network receive FIFO whose provider receives into any memory (transports/net_ofi.c): where
@@ -671,10 +681,15 @@ size_t gcommShmSegmentBytes(size_t slotBytes, int nLanes, int nLocal, size_t are
 /* The area reserved in rank's segment, as mapped in this process (after gcommShmConnect for
  * another rank), or NULL: none reserved, rank not on this node or not mapped. */
 void* gcommShmArea(gcommComm_t comm, int rank);
-/* Copies a slot that the sender on c handed over by reference (GCOMM_CMA): bytes at from in its
- * memory to to, in one copy. gcommSuccess, or the error, naming the peer. */
-gcommResult_t gcommShmReadRef(gcommComm_t comm, const gcommConn_t* c, void* to, const char* from,
-                              size_t bytes);
+/* Where the receiver on c reads a slot that the sender handed over by reference (GCOMM_CMA):
+ * *at, the payload in this rank's mapping of the sender's buffer (gcommHostAlloc), else *at =
+ * to, where it copied the payload from the sender's memory. gcommSuccess, or the error, naming the
+ * peer. */
+gcommResult_t gcommShmReadRef(gcommComm_t comm, const gcommConn_t* c, const gcommRef_t* ref,
+                              char* to, size_t bytes, char** at);
+/* Host memory from gcommHostAlloc (gcomm_hostmem.c): whether [at, at + bytes) lies in one such
+ * buffer, whose file then fills ref's file fields. */
+int gcommHostFind(const void* at, size_t bytes, gcommRef_t* ref);
 /* rank's status in its segment, or NULL when rank is not on this node (or not mapped yet). */
 gcommStatus_t* gcommShmStatus(gcommComm_t comm, int rank);
 void gcommShmFree(gcommComm_t comm);

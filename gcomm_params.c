@@ -81,14 +81,17 @@ static const gcommParamDef_t paramTable[] = {
      SHARED},
     {"GCOMM_CMA", "auto", PARAM_ENUM, PARAM_AT(cma), cmaNames, 0, 0,
      "host communicators: a step of at least GCOMM_CMA_MIN_BYTES moves between ranks of a node "
-     "with one copy (process_vm_readv) where every local rank may read the others: 1, 0 never, "
-     "auto where it pays at the speed such a read runs (timed at init): exchanges (send/recv, "
+     "with one copy (process_vm_readv; from a buffer of gcommHostAlloc, read where it lies) "
+     "where every local rank may read the others: 1, 0 never, auto where it pays at the speed "
+     "such a read runs (timed at init; a copy's from gcommHostAlloc): exchanges (send/recv, "
      "all-to-all(v), all-gatherv) from 35% of a copy's speed, a root's sends to n-1 ranks "
-     "(scatter) from 1/(n-1), a gather's senders and a ring's or tree's forwarding from a copy's",
+     "(scatter) from 1/(n-1), a ring's or tree's forwarding from a copy's; a gather's senders "
+     "only at 1",
      LOCAL},
     {"GCOMM_CMA_MIN_BYTES", "64K", PARAM_SIZE, PARAM_AT(cmaMinBytes), NULL, 0, (int64_t)1 << 30,
-     "GCOMM_CMA: the smallest FIFO step (bytes) sent by reference to a rank of the node (at least "
-     "49: a slot's line carries up to 48 bytes)",
+     "GCOMM_CMA: the smallest FIFO step (bytes) sent by reference to a rank of the node, a "
+     "quarter of it from a buffer of gcommHostAlloc (at least 49: a slot's line carries up to 48 "
+     "bytes)",
      LOCAL},
     {"GCOMM_HOSTID", "", PARAM_STR, PARAM_AT(hostId), NULL, 0, 0,
      "ranks with the same value share a node (default: MPI_COMM_TYPE_SHARED)", LOCAL},

@@ -108,8 +108,9 @@ static struct {
   int proxyMode;     /* GCOMM_PROXY_*, or -1 for gcomm's default */
   int separate;      /* several backends: one nccl-tests table each, not one side by side */
   int vskewed;       /* --vcounts skewed: the vector collectives' counts (see vCount) */
-} opt = {32 << 20, 32 << 20,   1 << 20,  1, 20, 5, 1,  1, -1,
-         0,        gcommFloat, gcommSum, 0, 0,  0, -1, 0, 0};
+  int hostShared;    /* --host_mem gcomm: host buffers from gcommHostAlloc, for every backend */
+} opt = {32 << 20,   32 << 20, 1 << 20, 1, 20, 5,  1, 1, -1, 0,
+         gcommFloat, gcommSum, 0,       0, 0,  -1, 0, 0, 0};
 
 static const char* const opNames[gcommNumOps] = {"sum", "prod", "max", "min", "avg"};
 static const char* const backendNames[NUM_BACKENDS] = {"gcomm", "mpi", "nccl"};
@@ -135,6 +136,8 @@ static void usage(const char* prog) {
       "\t[--coll <allreduce/broadcast/reduce/allgather/reducescatter/alltoall/gather/scatter/"
       "sendrecv/allgatherv/alltoallv/gatherv/scatterv/all>[,...]] (default allreduce)\n"
       "\t[--vcounts <random/skewed>] the vector collectives' counts per pair (default random)\n"
+      "\t[--host_mem <malloc/gcomm>] host buffers from malloc or gcommHostAlloc, for every\n"
+      "\t\tbackend (default malloc)\n"
       "\t[--backend <gcomm/mpi/nccl>[,...]] (default gcomm); several: one table, side by side,\n"
       "\t\twith each backend's time over the first one's (above 1: the first is faster)\n"
       "\t[--separate] with several backends, one nccl-tests table per backend instead\n"
@@ -396,8 +399,12 @@ static void* bufAlloc(int onDevice, size_t bytes) {
   }
 #endif
   (void)onDevice;
-  p = aligned_alloc(64, bytes);
-  if (p == NULL) die("out of host memory");
+  if (opt.hostShared) {
+    if (gcommHostAlloc(&p, bytes) != gcommSuccess) die("%s", gcommGetLastError(NULL));
+  } else {
+    p = aligned_alloc(64, bytes);
+    if (p == NULL) die("out of host memory");
+  }
   memset(p, 0, bytes);
   return p;
 }
@@ -410,6 +417,10 @@ static void bufFree(int onDevice, void* p) {
   }
 #endif
   (void)onDevice;
+  if (opt.hostShared) {
+    if (gcommHostFree(p) != gcommSuccess) die("%s", gcommGetLastError(NULL));
+    return;
+  }
   free(p);
 }
 
@@ -1868,6 +1879,7 @@ static int parseArgs(int argc, char** argv) {
                                            {"proxy", required_argument, 0, 'P'},
                                            {"separate", no_argument, 0, 'S'},
                                            {"vcounts", required_argument, 0, 'V'},
+                                           {"host_mem", required_argument, 0, 'H'},
                                            {"help", no_argument, 0, 'h'},
                                            {0, 0, 0, 0}};
   const char* collNames[NUM_COLLS];
@@ -1942,6 +1954,10 @@ static int parseArgs(int argc, char** argv) {
       case 'V':
         opt.vskewed = strcmp(optarg, "skewed") == 0;
         bad = opt.vskewed || strcmp(optarg, "random") == 0 ? NULL : "vcounts";
+        break;
+      case 'H':
+        opt.hostShared = strcmp(optarg, "gcomm") == 0;
+        bad = opt.hostShared || strcmp(optarg, "malloc") == 0 ? NULL : "host_mem";
         break;
       case 'h':
         usage(argv[0]);

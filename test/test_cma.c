@@ -9,7 +9,10 @@
  * receiver posts late (the wait must cover the peer's copy), or received into at once (the receive
  * must wait for that copy); a run of small messages with large ones among them reaches a late
  * receiver intact; a send and a receive of one buffer in a group, and operations that rewrite
- * what an earlier one sent, must not hang.
+ * what an earlier one sent, must not hang. The same with every buffer from gcommHostAlloc (the
+ * receiver maps the sender's buffer and reads or reduces it there), where buffers come and go at
+ * every call (the same addresses and descriptors again, more buffers than a peer keeps mapped),
+ * and a buffer freed and allocated again between two sends must carry the new data.
  */
 #define _GNU_SOURCE
 #include <mpi.h>
@@ -21,16 +24,32 @@
 
 static gcommComm_t comm;
 static const char* variant;
+static int shared; /* the variant's buffers come from gcommHostAlloc */
+
+static void* bufNew(size_t bytes) {
+  void* p = NULL;
+  if (!shared) return malloc(bytes ? bytes : 1);
+  if (gcommHostAlloc(&p, bytes) != gcommSuccess)
+    tlFail("gcommHostAlloc: %s", gcommGetLastError(NULL));
+  return p;
+}
+
+static void bufFree(void* p) {
+  if (!shared)
+    free(p);
+  else if (gcommHostFree(p) != gcommSuccess)
+    tlFail("gcommHostFree: %s", gcommGetLastError(NULL));
+}
 
 /* Random bytes, the same on every rank for (seed, rank). */
 static char* randomBytes(size_t bytes, uint64_t seed, int rank) {
-  char* p = malloc(bytes ? bytes : 1);
+  char* p = bufNew(bytes);
   for (size_t i = 0; i < bytes; i++) p[i] = (char)(tlHash3(seed, (uint64_t)rank, i) >> 24);
   return p;
 }
 
 static char* poisoned(size_t bytes) {
-  char* p = malloc(bytes ? bytes : 1);
+  char* p = bufNew(bytes);
   memset(p, 0xa5, bytes);
   return p;
 }
@@ -52,8 +71,8 @@ static void testAllToAll(size_t count, int inPlace, uint64_t seed) {
   char *out = inPlace ? in : poisoned(bytes), *want = poisoned(bytes);
   MPI_Alltoall(in, (int)count, MPI_CHAR, want, (int)count, MPI_CHAR, MPI_COMM_WORLD);
   finish(gcommAllToAll(inPlace ? out : in, out, count, gcommUint8, comm, NULL), out, want, bytes);
-  free(in), free(want);
-  if (!inPlace) free(out);
+  bufFree(in), bufFree(want);
+  if (!inPlace) bufFree(out);
   tlReport("[%s] all-to-all %zu B a pair %s = MPI's", variant, count, inPlace ? "in place" : "");
 }
 
@@ -66,7 +85,7 @@ static void testAllGather(size_t count, int inPlace, uint64_t seed) {
   if (inPlace) memcpy(out + count * (size_t)tlRank, mine, count);
   const char* in = inPlace ? out + count * (size_t)tlRank : mine;
   finish(gcommAllGather(in, out, count, gcommUint8, comm, NULL), out, want, bytes);
-  free(mine), free(out), free(want);
+  bufFree(mine), bufFree(out), bufFree(want);
   tlReport("[%s] all-gather %zu B a rank %s = MPI's", variant, count, inPlace ? "in place" : "");
 }
 
@@ -76,8 +95,8 @@ static void testBroadcast(size_t count, int root, int inPlace, uint64_t seed) {
   char *in = randomBytes(count, seed, root), *out = inPlace ? in : poisoned(count);
   if (inPlace && tlRank != root) memset(out, 0xa5, count);
   finish(gcommBroadcast(in, out, count, gcommUint8, root, comm, NULL), out, want, count);
-  free(want), free(in);
-  if (!inPlace) free(out);
+  bufFree(want), bufFree(in);
+  if (!inPlace) bufFree(out);
   tlReport("[%s] broadcast %zu B from %d %s = root's", variant, count, root,
            inPlace ? "in place" : "");
 }
@@ -95,7 +114,7 @@ static void testGatherScatter(size_t count, int root, uint64_t seed) {
   MPI_Scatter(all, (int)count, MPI_CHAR, want, (int)count, MPI_CHAR, root, MPI_COMM_WORLD);
   finish(gcommScatter(all, out, count, gcommUint8, root, comm, NULL), out, want, count);
   tlReport("[%s] scatter %zu B a rank from %d = MPI's", variant, count, root);
-  free(mine), free(all), free(out), free(want);
+  bufFree(mine), bufFree(all), bufFree(out), bufFree(want);
 }
 
 /* Each rank sends to the next and receives from the previous in a group; in place: one buffer
@@ -109,8 +128,8 @@ static void testSendRecv(size_t count, int inPlace, uint64_t seed) {
   if (res == gcommSuccess) res = gcommRecv(out, count, gcommUint8, prev, comm, NULL);
   gcommGroupEnd();
   finish(res, out, want, inPlace ? 0 : count);
-  free(in), free(want);
-  if (!inPlace) free(out);
+  bufFree(in), bufFree(want);
+  if (!inPlace) bufFree(out);
   tlReport("[%s] send/recv %zu B in a ring %s", variant, count,
            inPlace ? "from and into one buffer: no hang" : "= the sender's");
 }
@@ -128,7 +147,7 @@ static void testSendWaitReuse(size_t count, uint64_t seed) {
     tlSleepMs(50);
     finish(gcommRecv(out, count, gcommUint8, 0, comm, NULL), out, want, count);
   }
-  free(buf), free(want), free(out);
+  bufFree(buf), bufFree(want), bufFree(out);
   tlReport("[%s] send %zu B, wait, rewrite the buffer: the late receiver gets what was sent",
            variant, count);
 }
@@ -150,7 +169,7 @@ static void testReceiveIntoLent(size_t count, uint64_t seed) {
     if (res == gcommSuccess) res = gcommRecv(out, count, gcommUint8, 0, comm, NULL);
     finish(res, out, sent, count);
   }
-  free(a), free(sent), free(b), free(out);
+  bufFree(a), bufFree(sent), bufFree(b), bufFree(out);
   tlReport("[%s] send %zu B, receive into it before the late receiver copied it: both get theirs",
            variant, count);
 }
@@ -190,8 +209,8 @@ static void testRunAhead(uint64_t seed) {
         break;
       }
   }
-  for (int i = 0; i < MESSAGES; i++) free(sent[i]), free(out[i]);
-  free(reply);
+  for (int i = 0; i < MESSAGES; i++) bufFree(sent[i]), bufFree(out[i]);
+  bufFree(reply);
   tlReport("[%s] %d messages of 1-48 B and %d B to a late receiver, a reply into one: as sent",
            variant, MESSAGES, LARGE);
 }
@@ -213,7 +232,7 @@ static void testRewriteSent(size_t count, uint64_t seed) {
       tlFail("all-gather byte %zu: %d, MPI's %d", i, a[i], gathered[i]);
       break;
     }
-  free(a), free(copy), free(out), free(want), free(gathered), free(mine);
+  bufFree(a), bufFree(copy), bufFree(out), bufFree(want), bufFree(gathered), bufFree(mine);
   tlReport("[%s] all-to-all then an all-gather into its input, one wait: both = MPI's", variant);
 }
 
@@ -233,23 +252,82 @@ static void testAllToAllV(size_t max, uint64_t seed) {
   char* want = poisoned(outBytes);
   MPI_Alltoallv(in, isc, isd, MPI_CHAR, want, irc, ird, MPI_CHAR, MPI_COMM_WORLD);
   finish(gcommAllToAllV(in, sc, sd, out, rc, rd, gcommUint8, comm, NULL), out, want, outBytes);
-  free(in), free(out), free(want);
+  bufFree(in), bufFree(out), bufFree(want);
   tlReport("[%s] all-to-allv up to %zu B a pair = MPI's", variant, max);
 }
 
 /* Ring all-reduce: its all-gather half sends finished values by reference. */
 static void testAllReduce(size_t count, int inPlace, uint64_t seed) {
-  int32_t* in = malloc(count * sizeof(int32_t));
-  int32_t *out = inPlace ? in : malloc(count * sizeof(int32_t)), *want = malloc(count * 4);
+  int32_t* in = bufNew(count * sizeof(int32_t));
+  int32_t *out = inPlace ? in : bufNew(count * sizeof(int32_t)), *want = bufNew(count * 4);
   for (size_t i = 0; i < count; i++) in[i] = (int32_t)(tlHash3(seed, (uint64_t)tlRank, i) >> 40);
   MPI_Allreduce(in, want, (int)count, MPI_INT32_T, MPI_SUM, MPI_COMM_WORLD);
   if (!inPlace) memset(out, 0xa5, count * sizeof(int32_t));
   finish(gcommAllReduce(in, out, count, gcommInt32, gcommSum, comm, NULL), (char*)out, (char*)want,
          count * sizeof(int32_t));
-  free(in), free(want);
-  if (!inPlace) free(out);
+  bufFree(in), bufFree(want);
+  if (!inPlace) bufFree(out);
   tlReport("[%s] all-reduce int32 sum of %zu %s = MPI's", variant, count,
            inPlace ? "in place" : "");
+}
+
+/* How many buffers of other processes from gcommHostAlloc this process maps (read-only). */
+static int peerBuffersMapped(void) {
+  FILE* f = fopen("/proc/self/maps", "r");
+  char line[512];
+  int n = 0;
+  while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+    n += strstr(line, " r--s ") != NULL && strstr(line, "gcomm-host") != NULL;
+  if (f != NULL) fclose(f);
+  return n;
+}
+
+/* Rank 0 sends rank 1 a buffer, frees it, allocates another of the same size (the same address
+ * and descriptor, as a rule) with other data and sends it again: rank 1, which mapped the first
+ * (where the variant lends at all: mapped), must get the second's data. Then gcommHostFree refuses
+ * a pointer it did not hand out. */
+static void testFreedAndAgain(size_t count, int mapped, uint64_t seed) {
+  for (int round = 0; round < 2; round++) {
+    char* buf = randomBytes(count, seed + (uint64_t)round, 0);
+    char *want = randomBytes(count, seed + (uint64_t)round, 0), *out = poisoned(count);
+    if (tlRank == 0)
+      finish(gcommSend(buf, count, gcommUint8, 1, comm, NULL), buf, want, count);
+    else if (tlRank == 1)
+      finish(gcommRecv(out, count, gcommUint8, 0, comm, NULL), out, want, count);
+    bufFree(buf), bufFree(want), bufFree(out);
+  }
+  if (tlRank == 1 && (peerBuffersMapped() > 0) != mapped)
+    tlFail("rank 1 maps %d of rank 0's buffers, expected %s", peerBuffersMapped(),
+           mapped ? "some" : "none");
+  tlReport("[%s] send %zu B, free, allocate again, send: the receiver gets the new data%s", variant,
+           count, mapped ? " (read where rank 0's buffer lies)" : "");
+  char* plain = malloc(64);
+  gcommResult_t res = gcommHostFree(plain);
+  if (res != gcommInvalidArgument || !strstr(gcommGetLastError(NULL), "not the start of a buffer"))
+    tlFail("gcommHostFree(malloc's memory): %s, \"%s\"", gcommGetErrorString(res),
+           gcommGetLastError(NULL));
+  free(plain);
+  tlReport("[%s] gcommHostFree of malloc's memory: gcommInvalidArgument", variant);
+}
+
+/* Reduce-scatter (int32 sum, count a rank) and a reduce to root of its whole input: from buffers
+ * of gcommHostAlloc their receivers reduce the peers' inputs where they lie. */
+static void testReductions(size_t count, int root, uint64_t seed) {
+  size_t n = (size_t)tlNranks, bytes = count * n * sizeof(int32_t);
+  int32_t *in = bufNew(bytes), *out = bufNew(bytes), *want = bufNew(bytes);
+  for (size_t i = 0; i < count * n; i++)
+    in[i] = (int32_t)(tlHash3(seed, (uint64_t)tlRank, i) >> 40);
+  MPI_Reduce_scatter_block(in, want, (int)count, MPI_INT32_T, MPI_SUM, MPI_COMM_WORLD);
+  memset(out, 0xa5, bytes);
+  finish(gcommReduceScatter(in, out, count, gcommInt32, gcommSum, comm, NULL), (char*)out,
+         (char*)want, count * sizeof(int32_t));
+  tlReport("[%s] reduce-scatter int32 sum of %zu a rank = MPI's", variant, count);
+  MPI_Reduce(in, want, (int)(count * n), MPI_INT32_T, MPI_SUM, root, MPI_COMM_WORLD);
+  memset(out, 0xa5, bytes);
+  finish(gcommReduce(in, out, count * n, gcommInt32, gcommSum, root, comm, NULL), (char*)out,
+         (char*)want, tlRank == root ? bytes : 0);
+  tlReport("[%s] reduce int32 sum of %zu to %d = MPI's", variant, count * n, root);
+  bufFree(in), bufFree(out), bufFree(want);
 }
 
 /* Whether this rank may read the next rank's memory as gcomm would (the kernel's own answer):
@@ -274,20 +352,33 @@ int main(int argc, char** argv) {
   if (tlNranks > 64) return tlFinish("test_cma"); /* the count arrays above */
   static const struct {
     const char *name, *env;
+    int shared;
   } variants[] = {
       {"one copy, 512 B slots, 3 channels, ring",
-       "GCOMM_CMA=1 GCOMM_CMA_MIN_BYTES=0 GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=3 GCOMM_ALGO=ring"},
+       "GCOMM_CMA=1 GCOMM_CMA_MIN_BYTES=0 GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=3 GCOMM_ALGO=ring",
+       0},
       {"one copy, 512 B slots, 2 channels, direct",
-       "GCOMM_CMA=1 GCOMM_CMA_MIN_BYTES=0 GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=2 GCOMM_ALGO=direct"},
+       "GCOMM_CMA=1 GCOMM_CMA_MIN_BYTES=0 GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=2 GCOMM_ALGO=direct",
+       0},
       {"one copy from 300 B, 4 KB slots, tree",
-       "GCOMM_CMA=1 GCOMM_CMA_MIN_BYTES=300 GCOMM_BUFFSIZE=32768 GCOMM_ALGO=tree"},
-      {"one copy, defaults", "GCOMM_CMA=1"},
-      {"FIFO only, 512 B slots", "GCOMM_CMA=0 GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=3"},
+       "GCOMM_CMA=1 GCOMM_CMA_MIN_BYTES=300 GCOMM_BUFFSIZE=32768 GCOMM_ALGO=tree", 0},
+      {"one copy, defaults", "GCOMM_CMA=1", 0},
+      {"FIFO only, 512 B slots", "GCOMM_CMA=0 GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=3", 0},
+      {"gcommHostAlloc, 512 B slots, 3 channels, ring",
+       "GCOMM_CMA=1 GCOMM_CMA_MIN_BYTES=0 GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=3 GCOMM_ALGO=ring",
+       1},
+      {"gcommHostAlloc, 512 B slots, 2 channels, direct",
+       "GCOMM_CMA=1 GCOMM_CMA_MIN_BYTES=0 GCOMM_BUFFSIZE=4096 GCOMM_NCHANNELS=2 GCOMM_ALGO=direct",
+       1},
+      {"gcommHostAlloc, from 300 B, tree",
+       "GCOMM_CMA=1 GCOMM_CMA_MIN_BYTES=300 GCOMM_BUFFSIZE=32768 GCOMM_ALGO=tree", 1},
+      {"gcommHostAlloc, defaults", "GCOMM_CMA=auto", 1},
+      {"gcommHostAlloc, FIFO only", "GCOMM_CMA=0 GCOMM_BUFFSIZE=4096", 1},
   };
   static const size_t counts[] = {1, 777, 5003, 70001};
   int permitted = mayReadPeer();
   for (int v = 0; v < N(variants); v++) {
-    variant = variants[v].name;
+    variant = variants[v].name, shared = variants[v].shared;
     comm = tlCommInitEnv(MPI_COMM_WORLD, variants[v].env, -1);
     if (!tlReport("[%s] init (reading another rank's memory is %s here)", variant,
                   permitted ? "permitted" : "refused: the FIFO runs"))
@@ -303,12 +394,15 @@ int main(int argc, char** argv) {
         testAllReduce(k, inPlace, seed + 4);
       }
       testGatherScatter(k, c % tlNranks, seed + 5);
+      testReductions(k, (c + 2) % tlNranks, seed + 7);
       testAllToAllV(k, seed + 6);
     }
     if (tlNranks >= 2) testSendWaitReuse(70001, seed);
     if (tlNranks >= 2) testReceiveIntoLent(70001, seed + 2);
     if (tlNranks >= 2) testRunAhead(seed + 3);
     testRewriteSent(5003, seed + 1);
+    if (tlNranks >= 2 && shared)
+      testFreedAndAgain(70001, permitted && !strstr(variants[v].env, "GCOMM_CMA=0"), seed + 4);
     tlCommDestroy(comm);
     tlReport("[%s] destroy", variant);
   }

@@ -14,7 +14,8 @@
 # (default 5), FIRST_RUN (the number of the first, default 1), SIZES (gcomm_perf -b/-e/-f, default
 # "8 64M 8"), ITERS (-n/-w, default "20 5"), COLLS (default all), MPIEXEC (default mpiexec), BIND
 # (extra launcher arguments, default "-bind-to core" for MPICH's hydra, "--bind-to core" for Open
-# MPI's mpirun; empty for none), PER_RUN (seconds a run may take, default 600).
+# MPI's mpirun; empty for none), PER_RUN (seconds a run may take, default 600), PERF_ARGS (more
+# gcomm_perf arguments, e.g. "--host_mem gcomm").
 set -u
 OUT=${1:-${OUT:-host-perf-logs}}
 B=${BUILD:-build}
@@ -34,7 +35,7 @@ for run in $(seq "$FIRST" $((FIRST + RUNS - 1))); do
     s=$SECONDS
     timeout -k 5 "${PER_RUN:-600}" "$MPIEXEC" -n "$n" "${BINDARGS[@]}" "$PERF" -g 0 \
       --coll "${COLLS:-all}" -b "$MINB" -e "$MAXB" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" \
-      --backend gcomm,mpi >"$log" 2>&1
+      --backend gcomm,mpi ${PERF_ARGS:-} >"$log" 2>&1
     echo "run $run, $n ranks: rc=$? ($((SECONDS - s)) s) $log"
   done
 done
