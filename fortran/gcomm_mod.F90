@@ -335,6 +335,18 @@ module gcomm
       import :: c_int
     end function gcommGroupEnd
 
+    ! ---- Host memory the ranks of a node share (gcomm.h): call c_f_pointer(ptr, array, [n]) ----
+    integer(c_int) function gcommHostAlloc(ptr, bytes) bind(c, name='gcommHostAlloc')
+      import :: c_int, c_ptr, c_size_t
+      type(c_ptr), intent(out) :: ptr
+      integer(c_size_t), value :: bytes
+    end function gcommHostAlloc
+
+    integer(c_int) function gcommHostFree(ptr) bind(c, name='gcommHostFree')
+      import :: c_int, c_ptr
+      type(c_ptr), value :: ptr
+    end function gcommHostFree
+
     ! ---- Progress and completion ----
     integer(c_int) function gcommProgress(comm) bind(c, name='gcommProgress')
       import :: c_int, c_ptr

@@ -31,6 +31,7 @@ program test_fortran
   call testRooted()
   call testGatherLike()
   call testSendRecvGroup()
+  call testHostAlloc()
   call testVector()
   call testSplitAndAbort()
   call testTestProgress()
@@ -306,6 +307,36 @@ contains
     call report('Send/Recv to both neighbours in a group = MPI_Sendrecv', &
                 all(fromLeft == wantL) .and. all(fromRight == wantR))
   end subroutine testSendRecvGroup
+
+  ! A Fortran array over a buffer of gcommHostAlloc: sent to the right neighbour (steps that the
+  ! receiver reads where the buffer lies), then freed.
+  subroutine testHostAlloc()
+    integer, parameter :: m = 70001 ! 280 KB: steps past the smallest lent
+    type(c_ptr) :: p, q
+    integer(c_int32_t), pointer :: a(:), got(:)
+    integer(c_int32_t), allocatable :: want(:)
+    integer :: left, right
+    left = modulo(rank - 1, nranks)
+    right = modulo(rank + 1, nranks)
+    call check(gcommHostAlloc(p, int(4*m, c_size_t)), 'gcommHostAlloc')
+    call check(gcommHostAlloc(q, int(4*m, c_size_t)), 'gcommHostAlloc')
+    call c_f_pointer(p, a, [m])
+    call c_f_pointer(q, got, [m])
+    allocate(want(m))
+    call randomInts(a)
+    got = -1
+    call check(gcommGroupStart(), 'gcommGroupStart')
+    call check(gcommSend(p, int(m, c_size_t), gcommInt32, right, comm, hostNull), 'gcommSend')
+    call check(gcommRecv(q, int(m, c_size_t), gcommInt32, left, comm, hostNull), 'gcommRecv')
+    call check(gcommGroupEnd(), 'gcommGroupEnd')
+    call check(gcommWait(comm, hostNull), 'gcommWait')
+    call MPI_Sendrecv(a, m, MPI_INTEGER, right, 3, want, m, MPI_INTEGER, left, 3, MPI_COMM_WORLD, &
+                      MPI_STATUS_IGNORE)
+    call report('Send/Recv of arrays over gcommHostAlloc = MPI_Sendrecv', all(got == want))
+    deallocate(want)
+    call check(gcommHostFree(p), 'gcommHostFree')
+    call check(gcommHostFree(q), 'gcommHostFree')
+  end subroutine testHostAlloc
 
   ! Even and odd ranks split; an AllReduce in each; then an abort stops the split communicator.
   subroutine testSplitAndAbort()
