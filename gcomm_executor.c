@@ -175,6 +175,13 @@ static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* 
     gcommDivideArray(op->datatype, value, st->count, comm->nranks);
 }
 
+/* Whether op's root sends from its output (in place), so that it copies nothing to itself. */
+static int rootInPlace(gcommComm_t comm, const gcommOp_t* op) {
+  size_t in, out, esz = gcommTypeSize(op->datatype);
+  gcommBufferCounts(op, comm->rank, comm->nranks, &in, &out);
+  return gcommRangesMeet(op->sendbuff, in * esz, op->recvbuff, out * esz);
+}
+
 /* Whether one copy pays for op's sends to ranks of this node when the receiver reads at speed
  * (per mille of a copy's: comm->cmaSpeed, or a copy's own from a buffer of gcommHostAlloc), by
  * where the copies fall (measured on a 64-core H100 host whose reads ran at 44-52%, 2-16 ranks,
@@ -189,8 +196,8 @@ static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* 
  *  - a rank sending to a root that receives from every rank (Gather, GatherV) would leave the
  *    root n-1 reads in place of its n-1 copies out of the slots, which its senders warmed in the
  *    cache while the root copied: only where forced (a 16 MB gather 2.5 ms against
- *    0.64; from gcommHostAlloc's buffers on 32 cores, 4-16 ranks 4 MB, 0.68-0.80 of MPICH's
- *    speed by reference against 2.3-3.2 through the slots);
+ *    0.64; from gcommHostAlloc's buffers on 32 cores, 8-16 ranks 4 MB, 0.68-0.80 of MPICH's
+ *    speed by reference against 3.1-3.2 through the slots);
  *  - a ring or tree (Broadcast, AllGather, an AllReduce's all-gather half) one read a rank in
  *    place of copies its neighbours make alongside its own: only reads as fast as copies (ring
  *    all-gather and broadcast at 4-16 ranks 5-30% slower by process_vm_readv);
@@ -203,13 +210,6 @@ static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* 
  *    cache, where a read's page pinning weighs most: on memory that is not, as a large
  *    exchange's, reads run 1.3-1.7x closer to a copy (2 vCPUs, 64-128 KB reads: 42-50% warm,
  *    55-78% cold). */
-/* Whether op's root sends from its output (in place), so that it copies nothing to itself. */
-static int rootInPlace(gcommComm_t comm, const gcommOp_t* op) {
-  size_t in, out, esz = gcommTypeSize(op->datatype);
-  gcommBufferCounts(op, comm->rank, comm->nranks, &in, &out);
-  return gcommRangesMeet(op->sendbuff, in * esz, op->recvbuff, out * esz);
-}
-
 static int refPays(gcommComm_t comm, const gcommOp_t* op, long speed) {
   int n = comm->nLocal, f = op->callFunc, isRoot = comm->rank == op->root;
   int forwards =
