@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test/test_info.sh - gcomm_info (tools/gcomm_info.c), run once by test/run.sh: every section
-# printed alone; its self-test passing on 2 ranks; --json valid and holding the same findings; a
-# GCOMM_ variable it does not know named with the nearest known one, an invalid value reported and a
-# valid one parsed; and ranks whose settings disagree failing with a non-zero exit status.
+# printed alone; its self-test passing on 2 ranks, and whether the node's ranks copy once; --json
+# valid and holding the same findings; a GCOMM_ variable it does not know named with the nearest
+# known one, an invalid value reported and a valid one parsed; and ranks whose settings disagree
+# failing with a non-zero exit status.
 # Prints PASS/FAIL lines. Environment: BUILD (default build), MPIEXEC (default mpiexec).
 set -u
 BUILD=${BUILD:-build}
@@ -25,6 +26,8 @@ check "2 ranks: the large host all-reduce passes, beside the memcpy rate" \
 check "2 ranks: self-test passed" has "passed: yes"
 check "2 ranks: ranks per node" grep -qE "^    .*: 2 ranks, ranks 0,1$" "$tmp/out"
 check "2 ranks: no finding" has "none: nothing to fix"
+check "2 ranks: one copy between local ranks, on or off" \
+  grep -qE "^  one copy between local ranks: (on|off)" "$tmp/out"
 
 check "--json on 2 ranks: exit 0" run 0 "$MPIEXEC" -n 2 "$info" --json
 check "--json is valid JSON" python3 -m json.tool "$tmp/out" /dev/null

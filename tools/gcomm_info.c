@@ -684,6 +684,26 @@ static void printGpus(const job_t* job) {
 }
 #endif
 
+/* One copy between the ranks of rank 0's node (GCOMM_CMA), as the host communicator decided. */
+static void printOneCopy(const job_t* job) {
+  const char* label = "one copy between local ranks";
+  gcommComm_t h = job->hostComm;
+  if (h == NULL || h->nLocal < 2)
+    field("one_copy", label, "not known: %s",
+          h == NULL ? "no communicator (see the findings)" : "one rank on this node");
+  else if (!h->cma)
+    field("one_copy", label,
+          "off: GCOMM_CMA=0, or a rank may not read another's memory (ptrace_scope, seccomp; "
+          "GCOMM_DEBUG=INFO names the rank); every step goes through the FIFO slots");
+  else if (h->cmaSpeed >= GCOMM_CMA_ALWAYS)
+    field("one_copy", label, "on everywhere (GCOMM_CMA=1)");
+  else
+    field("one_copy", label,
+          "on: reads of another rank's memory at %d%% of a copy's speed; buffers of "
+          "gcommHostAlloc read where they lie",
+          h->cmaSpeed / 10);
+}
+
 static void printNode(const job_t* job) {
   cpu_set_t set;
   int usable = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : -1;
@@ -693,6 +713,7 @@ static void printNode(const job_t* job) {
   number("cpus_usable", "CPUs this rank may run on", usable, 0, "");
   number("numa_nodes", "NUMA nodes", numaNodes(), 0, "");
   printShm(job);
+  printOneCopy(job);
 #ifdef GCOMM_CUDA
   printGpus(job);
 #else
