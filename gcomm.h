@@ -131,8 +131,8 @@ gcommResult_t gcommCommDevice(const gcommComm_t comm, int* device);
  * with process_vm_readv or twice through shared memory (GCOMM_CMA: either needs the right to
  * read the peer's memory, as a debugger would). Any memory works with every call; these buffers
  * make large transfers between the ranks of a node faster. A peer keeps its mapping of a buffer
- * after gcommHostFree until the communicator is destroyed or the mapping is one of more than 32
- * it holds: allocate once, use many times. Any thread may call these. */
+ * after gcommHostFree until the communicator is destroyed or it maps more than 8 other buffers of
+ * this rank: allocate a few, once, and use them many times. Any thread may call these. */
 gcommResult_t gcommHostAlloc(void** ptr, size_t bytes);
 /* Frees a buffer of gcommHostAlloc (NULL: nothing); no operation may still use it. */
 gcommResult_t gcommHostFree(void* ptr);

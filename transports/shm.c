@@ -40,11 +40,11 @@
 
 /* Another rank's buffer from gcommHostAlloc as this rank maps it: its allocation number there
  * (0: an unused entry), where it is mapped here (NULL: it could not be, and is read with
- * process_vm_readv), its size, and when it was last used (the least recently used is let go when
- * a new one comes). */
-#define PEER_FILES 32
+ * process_vm_readv), its size, and when it was last used. PEER_FILES a peer (a send buffer and a
+ * receive buffer or two, as a rule): the least recently used of that peer's is let go when a new
+ * one comes, so that a lookup scans a few entries at any rank count. */
+#define PEER_FILES 8
 typedef struct {
-  int peer;
   uint64_t id;
   const char* at;
   size_t bytes;
@@ -63,7 +63,7 @@ struct gcommShm {
   /* what this rank's send FIFOs to the ranks of its node handed over by reference, GCOMM_STEPS a
    * FIFO (gcommConn_t.refs; GCOMM_CMA): the sender's own record, which its receiver never reads */
   const char** sentRefs;
-  peerFile_t files[PEER_FILES];
+  peerFile_t* files; /* [rank * PEER_FILES], made at the first reference into such a buffer */
   uint64_t filesUsed;
 };
 
@@ -435,18 +435,20 @@ static const char* mapPeerFile(gcommComm_t comm, const gcommConn_t* c, const gco
  * first use and kept: buffers are allocated once and used again and again. */
 static const char* peerFile(gcommComm_t comm, const gcommConn_t* c, const gcommRef_t* ref) {
   struct gcommShm* shm = comm->shm;
-  peerFile_t* oldest = &shm->files[0];
+  if (shm->files == NULL &&
+      (shm->files = calloc((size_t)comm->nranks * PEER_FILES, sizeof(peerFile_t))) == NULL)
+    return NULL;
+  peerFile_t *mine = &shm->files[(size_t)c->peer * PEER_FILES], *oldest = mine;
   for (int i = 0; i < PEER_FILES; i++) {
-    peerFile_t* f = &shm->files[i];
-    if (f->id == ref->fileId && f->peer == c->peer) {
+    peerFile_t* f = &mine[i];
+    if (f->id == ref->fileId) {
       f->used = ++shm->filesUsed;
       return f->at;
     }
     if (f->used < oldest->used) oldest = f;
   }
   if (oldest->at != NULL) munmap((void*)oldest->at, oldest->bytes);
-  *oldest = (peerFile_t){c->peer, ref->fileId, mapPeerFile(comm, c, ref), ref->fileBytes,
-                         ++shm->filesUsed};
+  *oldest = (peerFile_t){ref->fileId, mapPeerFile(comm, c, ref), ref->fileBytes, ++shm->filesUsed};
   return oldest->at;
 }
 
@@ -530,8 +532,9 @@ void gcommShmFree(gcommComm_t comm) {
   gcommShmUnlink(comm);
   for (int p = 0; p < comm->nranks; p++)
     if (shm->maps[p] != NULL) munmap(shm->maps[p], shm->segBytes);
-  for (int i = 0; i < PEER_FILES; i++)
+  for (size_t i = 0; shm->files != NULL && i < (size_t)comm->nranks * PEER_FILES; i++)
     if (shm->files[i].at != NULL) munmap((void*)shm->files[i].at, shm->files[i].bytes);
+  free(shm->files);
   free(shm->maps);
   free(shm->sentRefs);
   free(shm);
