@@ -175,13 +175,6 @@ static void stepValue(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* 
     gcommDivideArray(op->datatype, value, st->count, comm->nranks);
 }
 
-/* Whether op's root sends from its output (in place), so that it copies nothing to itself. */
-static int rootInPlace(gcommComm_t comm, const gcommOp_t* op) {
-  size_t in, out, esz = gcommTypeSize(op->datatype);
-  gcommBufferCounts(op, comm->rank, comm->nranks, &in, &out);
-  return gcommRangesMeet(op->sendbuff, in * esz, op->recvbuff, out * esz);
-}
-
 /* Whether one copy pays for op's sends to ranks of this node when the receiver reads at speed
  * (per mille of a copy's: comm->cmaSpeed, or a copy's own from a buffer of gcommHostAlloc), by
  * where the copies fall (measured on a 64-core H100 host whose reads ran at 44-52%, 2-16 ranks,
@@ -217,7 +210,9 @@ static int refPays(gcommComm_t comm, const gcommOp_t* op, long speed) {
   long need = 350;
   if (isRoot && (f == gcommFuncScatter || f == gcommFuncScatterV ||
                  (f == gcommFuncBroadcast && op->algo == gcommAlgoDirect)))
-    need = n > 2 || !rootInPlace(comm, op) ? 1000 / (n > 1 ? n - 1 : 1) : 1001;
+    need = n > 2 || !gcommIsInPlace(op, comm->rank, gcommTypeSize(op->datatype))
+               ? 1000 / (n > 1 ? n - 1 : 1)
+               : 1001; /* a root in place copies nothing to itself */
   else if (!isRoot && (f == gcommFuncGather || f == gcommFuncGatherV))
     need = 1001; /* more than a copy's: forced only */
   else if (forwards)
