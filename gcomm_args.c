@@ -141,28 +141,6 @@ static int isDevicePointer(const void* ptr) {
   return memType == 2 /* CU_MEMORYTYPE_DEVICE */ && !managed;
 }
 
-/* The in-place layouts of gcomm.h: the one overlap that is allowed. */
-int gcommIsInPlace(const gcommOp_t* op, int rank, size_t esz) {
-  /* as integers: a NULL buffer (one a rank does not use) plus an offset is undefined */
-  uintptr_t in = (uintptr_t)op->sendbuff, out = (uintptr_t)op->recvbuff;
-  size_t blk = op->count * esz * rank;
-  switch (op->func) {
-    case gcommFuncAllReduce:
-    case gcommFuncBroadcast:
-    case gcommFuncReduce:
-    case gcommFuncAllToAll: /* every block is sent before its peer's block lands on it */
-      return in == out;
-    case gcommFuncAllGather:
-    case gcommFuncGather:
-      return in == out + blk;
-    case gcommFuncReduceScatter:
-    case gcommFuncScatter:
-      return out == in + blk;
-    default:
-      return 0;
-  }
-}
-
 /* No buffer is larger than a process's address space (2^57 bytes with 5-level paging): a count
  * beyond it is too large, before it can look like an overlap (or an in-place layout). */
 #define MAX_BUFFER_BYTES ((size_t)1 << 57)

@@ -1,7 +1,8 @@
 /*
  * gcomm_order.c - which work may start: host operations run in call order wherever they share
  * memory (as on a stream), and no work overwrites memory a network send by reference still
- * reads.
+ * reads. Also the buffer layouts these rules read: how many elements each side uses, and the
+ * in-place layout of each collective.
  */
 #define _GNU_SOURCE
 #include <string.h>
@@ -158,5 +159,27 @@ void gcommBufferCounts(const gcommOp_t* op, int rank, int n, size_t* inCount, si
     default:
       *inCount = 0, *outCount = c;
       return;
+  }
+}
+
+/* The in-place layouts of gcomm.h: the one overlap that is allowed. */
+int gcommIsInPlace(const gcommOp_t* op, int rank, size_t esz) {
+  /* as integers: a NULL buffer (one a rank does not use) plus an offset is undefined */
+  uintptr_t in = (uintptr_t)op->sendbuff, out = (uintptr_t)op->recvbuff;
+  size_t blk = op->count * esz * rank;
+  switch (op->func) {
+    case gcommFuncAllReduce:
+    case gcommFuncBroadcast:
+    case gcommFuncReduce:
+    case gcommFuncAllToAll: /* every block is sent before its peer's block lands on it */
+      return in == out;
+    case gcommFuncAllGather:
+    case gcommFuncGather:
+      return in == out + blk;
+    case gcommFuncReduceScatter:
+    case gcommFuncScatter:
+      return out == in + blk;
+    default:
+      return 0;
   }
 }
