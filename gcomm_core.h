@@ -140,6 +140,8 @@ gcommResult_t gcommAgreeSurvivors(gcommComm_t comm, unsigned char* excl, int* su
 
 /* ---- gcomm_executor.c ---- */
 int gcommWorkAdvance(gcommComm_t comm, gcommWork_t* w, gcommResult_t* res);
+int gcommSlotAtOnce(gcommComm_t comm, const gcommOp_t* op, int lane, int peer, int send);
+int gcommWorkAtOnce(gcommComm_t comm, gcommWork_t* w);
 /* Whether local rank peer's process is gone (only a process of this very machine can be probed:
  * GCOMM_HOSTID nodes may share one). */
 int gcommPeerIsDead(gcommComm_t comm, int peer);

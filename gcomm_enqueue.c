@@ -167,6 +167,64 @@ static gcommResult_t submitOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tai
   return gcommSuccess;
 }
 
+/* An operation of a host communicator runs where it is started (in its call, or at the end of its
+ * group, where a group's operations start, as NCCL's do), without the post, the pass and the
+ * wait's passes (MPI libraries send small messages eagerly too), while nothing else of the
+ * communicator is under way: none of its operations posted or active (the queues would run it
+ * after them), no profiler or trace watching (they follow operations through the engine), no
+ * stop. Then a Send or Recv whose payload fits one FIFO slot takes gcommSlotAtOnce (in a call: no
+ * operation record at all); any operation whose one work is one step gcommWorkAtOnce. Each runs
+ * only if ready now, else the operation takes the whole path. */
+static int mayRunAtOnce(gcommComm_t comm) {
+  return comm->device < 0 && __atomic_load_n(&comm->prof.mask, __ATOMIC_RELAXED) == 0 &&
+         (__atomic_load_n(&gcommTraceSubsys, __ATOMIC_RELAXED) &
+          (GCOMM_SUBSYS_P2P | GCOMM_SUBSYS_COLL)) == 0 &&
+         __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE) == NULL && !gcommRevokeSeen(comm);
+}
+
+/* Takes progressLock where no work is active and the communicator runs; returns whether it did. */
+static int lockIdle(gcommComm_t comm) {
+  if (pthread_mutex_trylock(&comm->progressLock) != 0) return 0;
+  if (comm->nActiveWorks == 0 && __atomic_load_n(&comm->abortFlag, __ATOMIC_ACQUIRE) == 0 &&
+      __atomic_load_n(&comm->asyncError, __ATOMIC_ACQUIRE) == gcommSuccess)
+    return 1;
+  pthread_mutex_unlock(&comm->progressLock);
+  return 0;
+}
+
+/* gcommSlotAtOnce for a checked call that fits a slot on one channel: a Send or Recv (2 ranks,
+ * 8 B: a send's call 800 instructions -> 300), or a Broadcast on 2 ranks (every algorithm's is
+ * then one step from the root to the other rank, on channel 0), which takes its sequence number
+ * only if it ran (else buildOp does). Returns whether it ran. */
+static int slotAtOnce(gcommComm_t comm, const gcommOp_t* args) {
+  size_t bytes = args->count * gcommTypeSize(args->datatype);
+  int isP2p = args->func == gcommFuncSend || args->func == gcommFuncRecv, algo, proto, nch;
+  if ((!isP2p && (args->func != gcommFuncBroadcast || comm->nranks != 2)) ||
+      bytes > comm->slotBytes)
+    return 0;
+  choose(comm, args->func, bytes, 0, &algo, &proto, &nch);
+  if (nch != 1 || !lockIdle(comm)) return 0;
+  gcommOp_t op = *args;
+  op.seq = isP2p ? 0 : __atomic_load_n(&comm->collSeq, __ATOMIC_RELAXED);
+  op.tag = comm->params.checkMismatch ? gcommOpTag(&op) : 0;
+  int ran = isP2p ? gcommSlotAtOnce(comm, &op, comm->nChannels, op.peer, op.func == gcommFuncSend)
+                  : gcommSlotAtOnce(comm, &op, 0, 1 - comm->rank, op.root == comm->rank);
+  if (ran && !isP2p) gcommOwnerAdd(&comm->collSeq, 1);
+  pthread_mutex_unlock(&comm->progressLock);
+  return ran;
+}
+
+/* A built operation of one work of one step: gcommSlotAtOnce for a Send or Recv (the cheaper),
+ * else gcommWorkAtOnce. Returns whether it ran. */
+static int workAtOnce(gcommComm_t comm, gcommOp_t* op) {
+  if (op->nWorks != 1 || op->works[0].nSteps != 1 || !lockIdle(comm)) return 0;
+  int ran = op->func == gcommFuncSend || op->func == gcommFuncRecv
+                ? gcommSlotAtOnce(comm, op, op->works[0].lane, op->peer, op->func == gcommFuncSend)
+                : gcommWorkAtOnce(comm, &op->works[0]);
+  pthread_mutex_unlock(&comm->progressLock);
+  return ran;
+}
+
 gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                            const char* where) {
   /* groupComms: the last communicator whose operations the open group holds (NULL: none) */
@@ -185,10 +243,13 @@ gcommResult_t gcommEnqueueChecked(gcommComm_t comm, gcommOp_t* args, gcommStream
     return gcommSuccess;
   }
   GCOMM_CHECK(gcommCheckArgs(comm, args, where));
+  int atOnce = groupDepth == 0 && mayRunAtOnce(comm);
+  if (atOnce && slotAtOnce(comm, args)) return gcommSuccess;
   gcommOp_t* op = buildOp(comm, args, 0);
   if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
   traceOp(comm, op);
-  if (op->nWorks == 0) { /* nothing to move (one rank, in place): complete at once */
+  /* nothing to move (one rank, in place), or moved already: complete at once */
+  if (op->nWorks == 0 || (atOnce && workAtOnce(comm, op))) {
     gcommOpRelease(comm, op);
     return gcommSuccess;
   }
@@ -233,6 +294,18 @@ gcommResult_t gcommSubmitParts(gcommComm_t comm, gcommOp_t* parts, int n, int fu
   return head == NULL ? gcommSuccess : submitOps(comm, head, tail, count, stream, where);
 }
 
+/* At a group's end: its held operations of comm run at once (workAtOnce), in call order, up to
+ * the first that cannot (those after it may share its queue: they follow it through the engine);
+ * the rest stay held, to be posted. */
+static void runHeldAtOnce(gcommComm_t comm) {
+  if (!mayRunAtOnce(comm)) return;
+  gcommOp_t* op;
+  while ((op = comm->groupHead) != NULL && workAtOnce(comm, op)) {
+    comm->groupHead = op->next;
+    gcommOpRelease(comm, op);
+  }
+}
+
 gcommResult_t gcommGroupOpen(void) {
   groupDepth++;
   return gcommSuccess;
@@ -246,17 +319,18 @@ gcommResult_t gcommGroupClose(void) {
   while (groupComms != NULL) { /* one post per communicator: the group is one launch */
     gcommComm_t comm = groupComms;
     groupComms = comm->groupNext;
+    runHeldAtOnce(comm);
     int count = 0;
     gcommOp_t* tail = NULL;
     for (gcommOp_t* op = comm->groupHead; op; op = op->next) count++, tail = op;
-    gcommResult_t r;
+    gcommResult_t r = gcommSuccess;
 #ifdef GCOMM_GPU
     if (comm->device >= 0) {
       r = launchOps(comm, comm->groupHead, count, comm->groupStream);
       freeOps(comm, comm->groupHead);
-    } else
+    }
 #endif
-      r = gcommPostOps(comm, comm->groupHead, tail, count);
+    if (comm->device < 0 && count > 0) r = gcommPostOps(comm, comm->groupHead, tail, count);
     if (r != gcommSuccess && res == gcommSuccess) res = r;
     if (comm->profGroup != NULL) gcommProfGroupEnd(comm);
     comm->groupHead = comm->groupTail = NULL;

@@ -343,6 +343,71 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
   return gcommSuccess;
 }
 
+/* One step of a call whose payload fits one slot, to or from peer, a rank of this node, run by
+ * the calling thread in its call, without an operation record: a send (of op's sendbuff, also
+ * copied to its recvbuff where that is another buffer: a broadcast's root) when its FIFO has room
+ * and the payload is too small to go by reference, a receive (into op's recvbuff) when its slot
+ * has arrived with the call's word (size and tag), not by reference, and no send by reference
+ * still reads the memory it writes. The caller holds progressLock with no work active, so no
+ * earlier step can come between. Returns whether it ran; else the call takes the whole path,
+ * which waits for the room or the slot, or says what is wrong (a different call at this point). */
+int gcommSlotAtOnce(gcommComm_t comm, const gcommOp_t* op, int lane, int peer, int send) {
+  size_t bytes = op->count * gcommTypeSize(op->datatype);
+  uint64_t word = GCOMM_SLOT_WORD(op->tag, bytes);
+  if (send) {
+    gcommConn_t* c = sendConn(comm, lane, peer);
+    if (c->lines == NULL || bytes > c->slotBytes ||
+        (c->refs != NULL && bytes >= c->refMinFileBytes))
+      return 0;
+    if (c->step >= c->headSeen + sendDepth(c, bytes))
+      c->headSeen = __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE);
+    if (c->step >= c->headSeen + sendDepth(c, bytes)) return 0;
+    memcpy(slotData(c, bytes), op->sendbuff, bytes);
+    if (op->recvbuff != NULL && op->recvbuff != op->sendbuff)
+      memcpy(op->recvbuff, op->sendbuff, bytes);
+    if (c->refs) c->refs[c->step % GCOMM_STEPS] = NULL;
+    slotPublish(c, word, NULL);
+    return 1;
+  }
+  gcommConn_t* c = recvConn(comm, lane, peer);
+  if (c->lines == NULL || bytes > c->slotBytes || !slotArrived(c) ||
+      gcommSlotWord(c, c->step) != word || slotRef(c, bytes) != NULL ||
+      (sendsByRef(comm) && gcommRefOverlapsElsewhere(comm, -1, op->recvbuff, bytes, 0)))
+    return 0;
+  memcpy(op->recvbuff, slotData(c, bytes), bytes);
+  __atomic_store_n(&c->fifo->head, ++c->step, __ATOMIC_RELEASE);
+  return 1;
+}
+
+/* A work of one step between ranks of this node, run by the calling thread in its call when the
+ * step is ready now: its lines have arrived with the call's word, its FIFOs have room, and it
+ * neither sends nor receives by reference (such a send would outlive the call unseen by
+ * gcommWait). The caller holds progressLock with no work active and w's operation not posted, so
+ * no earlier step can come between. Returns whether it ran; else the operation takes the whole
+ * path, which waits, or says what is wrong. */
+int gcommWorkAtOnce(gcommComm_t comm, gcommWork_t* w) {
+  const gcommOp_t* op = w->op;
+  if (w->nSteps != 1) return 0;
+  gcommSchedGetStep(&w->sched, 0, &w->held);
+  w->stepHeld = 1;
+  const gcommStep_t* st = &w->held;
+  size_t bytes = st->count * gcommTypeSize(op->datatype);
+  for (int i = 0; i < 2; i++) {
+    gcommConn_t* s = st->sendPeer[i] >= 0 ? sendConn(comm, w->lane, st->sendPeer[i]) : NULL;
+    gcommConn_t* r = st->recvPeer[i] >= 0 ? recvConn(comm, w->lane, st->recvPeer[i]) : NULL;
+    if ((s != NULL && (s->lines == NULL || (s->refs != NULL && bytes >= s->refMinFileBytes))) ||
+        (r != NULL && (r->lines == NULL || !slotArrived(r) || slotRef(r, bytes) != NULL ||
+                       gcommSlotWord(r, r->step) != GCOMM_SLOT_WORD(op->tag, bytes))))
+      return 0;
+  }
+  int isRecv;
+  if (!gcommWorkMayStart(comm, w) || stepBlockedOn(comm, w, st, &isRecv) >= 0 ||
+      runStep(comm, w, st) != gcommSuccess)
+    return 0;
+  w->step = 1;
+  return 1;
+}
+
 /* A local peer that no longer exists will never fill or drain its FIFOs. Only a process of this
  * node can be probed: a rank of another node is known dead from what the ranks of its node tell
  * (their stop, over the network). Pretend nodes (GCOMM_HOSTID) of one machine probe only their

@@ -71,8 +71,8 @@ int gcommOpMayStart(gcommComm_t comm, gcommOp_t* op) {
   return 1;
 }
 
-/* Whether a send by reference on a lane other than lane (another channel's, or a send's) still
- * reads [p, p + len), not counting those of post batch (0: every one counts). Its operation may
+/* Whether a send by reference on a lane other than lane (another channel's, or a send's; -1:
+ * on any lane) still reads [p, p + len), not counting those of post batch (0: every one counts). Its operation may
  * have finished: the message goes out (or the local peer copies it) later. */
 int gcommRefOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t len,
                               uint64_t batch) {

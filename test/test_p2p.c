@@ -15,6 +15,9 @@
  *   counts     zero, odd and large counts in a ring exchange
  *   ring       a bidirectional ring exchange in one group
  *   fused      collectives and send/recv in one (nested) group
+ *   lines      outside groups, messages that fit a FIFO line (run in their call while nothing
+ *              else is under way) behind a larger one still in flight, more of them than the
+ *              line FIFO holds before the receiver starts, and receives that find them waiting
  */
 #include "test/testlib.h"
 
@@ -248,6 +251,38 @@ static void testFused(gcommComm_t comm, const char* cname) {
   tlReport("p2p allreduce + send/recv + broadcast fused in one nested group [%s]", cname);
 }
 
+/* Ranks 2i and 2i+1: the even one sends a message larger than a FIFO, then 100 that fit a line
+ * (int32, 1-12 elements) without waiting; the odd one receives them one call at a time, in order.
+ * Either the receiver starts late, so that the messages pile up (more than a line FIFO's 64 steps:
+ * some wait for room), or the sender does, so that every receive waits in its queue before its
+ * message comes (a small send that overtook the larger one would land where the larger one's
+ * receive expects its next step). Then the other way, each receive posted before its send, one
+ * pair at a time. */
+static void testLines(gcommComm_t comm, const char* cname) {
+  int peer = tlRank ^ 1, even = tlRank % 2 == 0;
+  for (int late = 0; late < 2; late++) {
+    planStart(&plan);
+    if (peer < tlNranks) {
+      planAdd(&plan, even, peer, 300007, gcommInt64);
+      for (int m = 0; m < 100; m++) planAdd(&plan, even, peer, 1 + m % 12, gcommInt32);
+      if (even == late) usleep(20000);
+      planIssue(&plan, 0, plan.nops, 0, comm);
+      waitAndVerify(&plan, comm, late ? "lines behind a larger message, sender late"
+                                      : "lines behind a larger message, receiver late");
+    }
+    tlReport("p2p 100 line-sized messages behind a larger one, outside groups, %s late [%s]",
+             late ? "sender" : "receiver", cname);
+  }
+  planStart(&plan);
+  for (int m = 0; m < 20 && peer < tlNranks; m++) {
+    planAdd(&plan, 0, peer, 1 + m % 12, gcommUint8);
+    planAdd(&plan, 1, peer, 1 + m % 12, gcommUint8);
+    planIssue(&plan, 2 * m, 2 * m + 2, 0, comm);
+  }
+  if (peer < tlNranks) waitAndVerify(&plan, comm, "lines, receive first");
+  tlReport("p2p 20 line-sized exchanges, each receive before its send [%s]", cname);
+}
+
 int main(int argc, char** argv) {
   tlInit(&argc, &argv);
   static const struct {
@@ -269,6 +304,7 @@ int main(int argc, char** argv) {
     testCounts(comm, cname);
     testRing(comm, cname);
     testFused(comm, cname);
+    testLines(comm, cname);
     tlCommDestroy(comm);
     tlReport("p2p destroy communicator [%s]", cname);
   }
