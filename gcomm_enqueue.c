@@ -130,43 +130,6 @@ static void freeOps(gcommComm_t comm, gcommOp_t* head) {
   for (gcommOp_t* next; head; head = next) next = head->next, gcommOpRelease(comm, head);
 }
 
-/* Hands the built operations of one call (n of them, head to tail, each with works) over: a GPU
- * communicator launches them, a host communicator posts them as one batch (they run
- * concurrently), or the group holds them until its end. */
-static gcommResult_t submitOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, int n,
-                               gcommStream_t stream, const char* where) {
-#ifdef GCOMM_GPU
-  if (comm->device >= 0) { /* a GPU communicator launches (now, or at the group's end) */
-    if (groupDepth == 0) {
-      gcommResult_t r = launchOps(comm, head, n, stream);
-      freeOps(comm, head);
-      return r;
-    }
-    if (comm->groupHead != NULL && stream != comm->groupStream) {
-      freeOps(comm, head);
-      return gcommSetError(comm, gcommInvalidUsage, -1, where,
-                           "every operation of a group on one GPU communicator must use the "
-                           "same stream");
-    }
-    comm->groupStream = stream;
-  }
-#else
-  (void)stream, (void)where;
-#endif
-  if (groupDepth == 0 && comm->device < 0) return gcommPostOps(comm, head, tail, n);
-  if (comm->groupTail)
-    comm->groupTail->next = head;
-  else
-    comm->groupHead = head;
-  comm->groupTail = tail;
-  if (!comm->inGroup) {
-    __atomic_store_n(&comm->inGroup, 1, __ATOMIC_RELEASE);
-    comm->groupNext = groupComms;
-    groupComms = comm;
-  }
-  return gcommSuccess;
-}
-
 /* An operation of a host communicator runs where it is started (in its call, or at the end of its
  * group, where a group's operations start, as NCCL's do), without the post, the pass and the
  * wait's passes (MPI libraries send small messages eagerly too), while nothing else of the
@@ -225,6 +188,61 @@ static int workAtOnce(gcommComm_t comm, gcommOp_t* op) {
   return ran;
 }
 
+/* Runs built operations at once (workAtOnce) from *head, in call order, up to the first that
+ * cannot (those after it may share its queue: they follow it through the engine); *head becomes
+ * the first left. Returns how many ran. */
+static int runAtOnce(gcommComm_t comm, gcommOp_t** head) {
+  int ran = 0;
+  gcommOp_t* op;
+  if (!mayRunAtOnce(comm)) return 0;
+  while ((op = *head) != NULL && workAtOnce(comm, op)) {
+    *head = op->next;
+    gcommOpRelease(comm, op);
+    ran++;
+  }
+  return ran;
+}
+
+/* Hands the built operations of one call (n of them, head to tail, each with works) over: a GPU
+ * communicator launches them, a host communicator posts them as one batch (they run
+ * concurrently), or the group holds them until its end. */
+static gcommResult_t submitOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tail, int n,
+                               gcommStream_t stream, const char* where) {
+#ifdef GCOMM_GPU
+  if (comm->device >= 0) { /* a GPU communicator launches (now, or at the group's end) */
+    if (groupDepth == 0) {
+      gcommResult_t r = launchOps(comm, head, n, stream);
+      freeOps(comm, head);
+      return r;
+    }
+    if (comm->groupHead != NULL && stream != comm->groupStream) {
+      freeOps(comm, head);
+      return gcommSetError(comm, gcommInvalidUsage, -1, where,
+                           "every operation of a group on one GPU communicator must use the "
+                           "same stream");
+    }
+    comm->groupStream = stream;
+  }
+#else
+  (void)stream, (void)where;
+#endif
+  if (groupDepth == 0 && comm->device < 0) {
+    n -= runAtOnce(comm, &head);
+    return head == NULL ? gcommSuccess : gcommPostOps(comm, head, tail, n);
+  }
+  if (comm->groupTail)
+    comm->groupTail->next = head;
+  else
+    comm->groupHead = head;
+  comm->groupTail = tail;
+  if (!comm->inGroup) {
+    __atomic_store_n(&comm->inGroup, 1, __ATOMIC_RELEASE);
+    comm->groupNext = groupComms;
+    groupComms = comm;
+  }
+  return gcommSuccess;
+}
+
 gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                            const char* where) {
   /* groupComms: the last communicator whose operations the open group holds (NULL: none) */
@@ -243,13 +261,11 @@ gcommResult_t gcommEnqueueChecked(gcommComm_t comm, gcommOp_t* args, gcommStream
     return gcommSuccess;
   }
   GCOMM_CHECK(gcommCheckArgs(comm, args, where));
-  int atOnce = groupDepth == 0 && mayRunAtOnce(comm);
-  if (atOnce && slotAtOnce(comm, args)) return gcommSuccess;
+  if (groupDepth == 0 && mayRunAtOnce(comm) && slotAtOnce(comm, args)) return gcommSuccess;
   gcommOp_t* op = buildOp(comm, args, 0);
   if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
   traceOp(comm, op);
-  /* nothing to move (one rank, in place), or moved already: complete at once */
-  if (op->nWorks == 0 || (atOnce && workAtOnce(comm, op))) {
+  if (op->nWorks == 0) { /* nothing to move (one rank, in place): complete at once */
     gcommOpRelease(comm, op);
     return gcommSuccess;
   }
@@ -294,18 +310,6 @@ gcommResult_t gcommSubmitParts(gcommComm_t comm, gcommOp_t* parts, int n, int fu
   return head == NULL ? gcommSuccess : submitOps(comm, head, tail, count, stream, where);
 }
 
-/* At a group's end: its held operations of comm run at once (workAtOnce), in call order, up to
- * the first that cannot (those after it may share its queue: they follow it through the engine);
- * the rest stay held, to be posted. */
-static void runHeldAtOnce(gcommComm_t comm) {
-  if (!mayRunAtOnce(comm)) return;
-  gcommOp_t* op;
-  while ((op = comm->groupHead) != NULL && workAtOnce(comm, op)) {
-    comm->groupHead = op->next;
-    gcommOpRelease(comm, op);
-  }
-}
-
 gcommResult_t gcommGroupOpen(void) {
   groupDepth++;
   return gcommSuccess;
@@ -319,7 +323,7 @@ gcommResult_t gcommGroupClose(void) {
   while (groupComms != NULL) { /* one post per communicator: the group is one launch */
     gcommComm_t comm = groupComms;
     groupComms = comm->groupNext;
-    runHeldAtOnce(comm);
+    runAtOnce(comm, &comm->groupHead);
     int count = 0;
     gcommOp_t* tail = NULL;
     for (gcommOp_t* op = comm->groupHead; op; op = op->next) count++, tail = op;
