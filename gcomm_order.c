@@ -72,8 +72,8 @@ int gcommOpMayStart(gcommComm_t comm, gcommOp_t* op) {
 }
 
 /* Whether a send by reference on a lane other than lane (another channel's, or a send's; -1:
- * on any lane) still reads [p, p + len), not counting those of post batch (0: every one counts). Its operation may
- * have finished: the message goes out (or the local peer copies it) later. */
+ * on any lane) still reads [p, p + len), not counting those of post batch (0: every one counts).
+ * Its operation may have finished: the message goes out (or the local peer copies it) later. */
 int gcommRefOverlapsElsewhere(gcommComm_t comm, int lane, const char* p, size_t len,
                               uint64_t batch) {
   if (!__atomic_load_n(&comm->refsUsed, __ATOMIC_RELAXED)) return 0;
