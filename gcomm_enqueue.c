@@ -171,8 +171,9 @@ static int slotAtOnce(gcommComm_t comm, const gcommOp_t* args) {
   gcommOp_t op = *args;
   op.seq = isP2p ? 0 : __atomic_load_n(&comm->collSeq, __ATOMIC_RELAXED);
   op.tag = comm->params.checkMismatch ? gcommOpTag(&op) : 0;
-  int ran = isP2p ? gcommSlotAtOnce(comm, &op, comm->nChannels, op.peer, op.func == gcommFuncSend)
-                  : gcommSlotAtOnce(comm, &op, 0, 1 - comm->rank, op.root == comm->rank);
+  int lane = isP2p ? comm->nChannels : 0, peer = isP2p ? op.peer : 1 - comm->rank;
+  int ran = gcommSlotAtOnce(comm, &op, lane, peer,
+                            isP2p ? op.func == gcommFuncSend : op.root == comm->rank);
   if (ran && !isP2p) gcommOwnerAdd(&comm->collSeq, 1);
   pthread_mutex_unlock(&comm->progressLock);
   return ran;

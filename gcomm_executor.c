@@ -63,6 +63,14 @@ static uint64_t sendDepth(const gcommConn_t* c, size_t bytes) {
   return GCOMM_LINES;
 }
 
+/* Whether c's sender may fill its next slot with a step of this many bytes: the receiver's head
+ * is read again only when the room the last one left has run out. */
+static int hasRoom(gcommConn_t* c, size_t bytes) {
+  if (c->step >= c->headSeen + sendDepth(c, bytes))
+    c->headSeen = __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE);
+  return c->step < c->headSeen + sendDepth(c, bytes);
+}
+
 /* A step is ready when every FIFO it reads holds a slot, every FIFO it writes has room, and no
  * send by reference (the network's, or a local peer's one copy) still reads the memory it writes
  * (the next steps of an in-place operation rewrite its input). Returns the peer it waits on (and
@@ -81,10 +89,7 @@ static int stepBlockedOn(gcommComm_t comm, const gcommWork_t* w, const gcommStep
   size_t esz = gcommTypeSize(w->op->datatype);
   for (int i = 0; i < 2; i++) {
     if (st->sendPeer[i] < 0) continue;
-    gcommConn_t* c = sendConn(comm, lane, st->sendPeer[i]);
-    if (c->step >= c->headSeen + sendDepth(c, st->count * esz))
-      c->headSeen = __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE);
-    if (c->step >= c->headSeen + sendDepth(c, st->count * esz)) {
+    if (!hasRoom(sendConn(comm, lane, st->sendPeer[i]), st->count * esz)) {
       *isRecv = 0;
       return st->sendPeer[i];
     }
@@ -343,25 +348,35 @@ static gcommResult_t runStep(gcommComm_t comm, gcommWork_t* w, const gcommStep_t
   return gcommSuccess;
 }
 
+/* Whether a step of this many bytes may go out on c, a FIFO to a rank of this node, within the
+ * call: through a slot, too small to be lent by reference (the receiver's later read of such a
+ * send would outlive the call unseen by gcommWait). */
+static int sendsAtOnce(const gcommConn_t* c, size_t bytes) {
+  return c->lines != NULL && bytes <= c->slotBytes &&
+         (c->refs == NULL || bytes < c->refMinFileBytes);
+}
+
+/* Whether c, a FIFO from a rank of this node, holds the step word announces, in its slot (not
+ * lent by reference). */
+static int receivesAtOnce(const gcommConn_t* c, size_t bytes, uint64_t word) {
+  return c->lines != NULL && bytes <= c->slotBytes && slotArrived(c) &&
+         gcommSlotWord(c, c->step) == word && slotRef(c, bytes) == NULL;
+}
+
 /* One step of a call whose payload fits one slot, to or from peer, a rank of this node, run by
  * the calling thread in its call, without an operation record: a send (of op's sendbuff, also
- * copied to its recvbuff where that is another buffer: a broadcast's root) when its FIFO has room
- * and the payload is too small to go by reference, a receive (into op's recvbuff) when its slot
- * has arrived with the call's word (size and tag), not by reference, and no send by reference
- * still reads the memory it writes. The caller holds progressLock with no work active, so no
- * earlier step can come between. Returns whether it ran; else the call takes the whole path,
- * which waits for the room or the slot, or says what is wrong (a different call at this point). */
+ * copied to its recvbuff where that is another buffer: a broadcast's root) when sendsAtOnce and
+ * its FIFO has room, a receive (into op's recvbuff) when receivesAtOnce with the call's word
+ * (size and tag) and no send by reference still reads the memory it writes. The caller holds
+ * progressLock with no work active, so no earlier step can come between. Returns whether it ran;
+ * else the call takes the whole path, which waits for the room or the slot, or says what is wrong
+ * (a different call at this point). */
 int gcommSlotAtOnce(gcommComm_t comm, const gcommOp_t* op, int lane, int peer, int send) {
   size_t bytes = op->count * gcommTypeSize(op->datatype);
   uint64_t word = GCOMM_SLOT_WORD(op->tag, bytes);
   if (send) {
     gcommConn_t* c = sendConn(comm, lane, peer);
-    if (c->lines == NULL || bytes > c->slotBytes ||
-        (c->refs != NULL && bytes >= c->refMinFileBytes))
-      return 0;
-    if (c->step >= c->headSeen + sendDepth(c, bytes))
-      c->headSeen = __atomic_load_n(&c->fifo->head, __ATOMIC_ACQUIRE);
-    if (c->step >= c->headSeen + sendDepth(c, bytes)) return 0;
+    if (!sendsAtOnce(c, bytes) || !hasRoom(c, bytes)) return 0;
     memcpy(slotData(c, bytes), op->sendbuff, bytes);
     if (op->recvbuff != NULL && op->recvbuff != op->sendbuff)
       memcpy(op->recvbuff, op->sendbuff, bytes);
@@ -370,8 +385,7 @@ int gcommSlotAtOnce(gcommComm_t comm, const gcommOp_t* op, int lane, int peer, i
     return 1;
   }
   gcommConn_t* c = recvConn(comm, lane, peer);
-  if (c->lines == NULL || bytes > c->slotBytes || !slotArrived(c) ||
-      gcommSlotWord(c, c->step) != word || slotRef(c, bytes) != NULL ||
+  if (!receivesAtOnce(c, bytes, word) ||
       (sendsByRef(comm) && gcommRefOverlapsElsewhere(comm, -1, op->recvbuff, bytes, 0)))
     return 0;
   memcpy(op->recvbuff, slotData(c, bytes), bytes);
@@ -380,11 +394,10 @@ int gcommSlotAtOnce(gcommComm_t comm, const gcommOp_t* op, int lane, int peer, i
 }
 
 /* A work of one step between ranks of this node, run by the calling thread in its call when the
- * step is ready now: its lines have arrived with the call's word, its FIFOs have room, and it
- * neither sends nor receives by reference (such a send would outlive the call unseen by
- * gcommWait). The caller holds progressLock with no work active and w's operation not posted, so
- * no earlier step can come between. Returns whether it ran; else the operation takes the whole
- * path, which waits, or says what is wrong. */
+ * step is ready now: each of its FIFOs sendsAtOnce (with room) or receivesAtOnce the call's word,
+ * and it may start (gcommWorkMayStart, stepBlockedOn). The caller holds progressLock with no work
+ * active and w's operation not posted, so no earlier step can come between. Returns whether it ran;
+ * else the operation takes the whole path, which waits, or says what is wrong. */
 int gcommWorkAtOnce(gcommComm_t comm, gcommWork_t* w) {
   const gcommOp_t* op = w->op;
   if (w->nSteps != 1) return 0;
@@ -392,14 +405,11 @@ int gcommWorkAtOnce(gcommComm_t comm, gcommWork_t* w) {
   w->stepHeld = 1;
   const gcommStep_t* st = &w->held;
   size_t bytes = st->count * gcommTypeSize(op->datatype);
-  for (int i = 0; i < 2; i++) {
-    gcommConn_t* s = st->sendPeer[i] >= 0 ? sendConn(comm, w->lane, st->sendPeer[i]) : NULL;
-    gcommConn_t* r = st->recvPeer[i] >= 0 ? recvConn(comm, w->lane, st->recvPeer[i]) : NULL;
-    if ((s != NULL && (s->lines == NULL || (s->refs != NULL && bytes >= s->refMinFileBytes))) ||
-        (r != NULL && (r->lines == NULL || !slotArrived(r) || slotRef(r, bytes) != NULL ||
-                       gcommSlotWord(r, r->step) != GCOMM_SLOT_WORD(op->tag, bytes))))
+  for (int i = 0; i < 2; i++)
+    if ((st->sendPeer[i] >= 0 && !sendsAtOnce(sendConn(comm, w->lane, st->sendPeer[i]), bytes)) ||
+        (st->recvPeer[i] >= 0 && !receivesAtOnce(recvConn(comm, w->lane, st->recvPeer[i]), bytes,
+                                                 GCOMM_SLOT_WORD(op->tag, bytes))))
       return 0;
-  }
   int isRecv;
   if (!gcommWorkMayStart(comm, w) || stepBlockedOn(comm, w, st, &isRecv) >= 0 ||
       runStep(comm, w, st) != gcommSuccess)
