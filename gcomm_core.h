@@ -262,6 +262,7 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes);
 int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto, int nParts);
 int gcommChooseProto(gcommComm_t comm, int func, int algo, size_t bytes, int nParts);
 size_t gcommChooseStepBytes(gcommComm_t comm, int func, int proto, int nParts, size_t share);
+int gcommChooseFan(gcommComm_t comm, int func, int algo, int proto);
 int gcommByParts(gcommComm_t comm, const gcommOp_t* args);
 void gcommTuningPrint(gcommComm_t comm);
 

@@ -75,6 +75,7 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int nParts) {
   size_t per = gcommDivUp(gcommDivUp(args->count, nch), align) * align;
   size_t step = gcommChooseStepBytes(comm, args->func, proto, nParts, per * esz);
   size_t chunk = (step / esz) / align * align;
+  int fan = gcommChooseFan(comm, args->func, algo, proto);
   for (int c = 0; c < nch; c++) {
     size_t off = per * c;
     if (off >= args->count) break;
@@ -90,7 +91,8 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int nParts) {
                                  .chanOff = off,
                                  .chanCount = gcommMinSize(per, args->count - off),
                                  .chunk = chunk,
-                                 .align = align}};
+                                 .align = align,
+                                 .fan = fan}};
     w->nSteps = gcommSchedNumSteps(&w->sched);
     if (w->nSteps == 0) continue;
     workPlace(comm, op, c, w);

@@ -183,12 +183,12 @@ static gcommResult_t markLaunch(gcommComm_t comm, cudaStream_t stream) {
 #define LAUNCH_MIN_THREADS 64
 
 /* Threads a block of a small LL launch runs: as many as its largest step has lines (a line a
- * thread), and one for the header lines, in whole warps. Every thread runs each step's bookkeeping
- * (the FIFO positions, the step's pointers, two barriers), and a block's warps share the SM's four
- * schedulers: with 512 threads that bookkeeping took ~0.3-0.5 us a step where the data was a
- * line (clock stamps of one block), and 64 threads save 0.3-0.6 us a call (2 H100, nccl-tests with
- * graphs, 8 B: all-reduce 5.1 -> 4.6 us, broadcast 3.2 -> 2.8, send/recv 4.1 -> 3.7; docs/PERF.md).
- * Any other launch: GCOMM_DEV_THREADS. */
+ * thread), and one for the header lines (a fan step's: one a peer), in whole warps. Every thread
+ * runs each step's bookkeeping (the FIFO positions, the step's pointers, two barriers), and a
+ * block's warps share the SM's four schedulers: with 512 threads that bookkeeping took ~0.3-0.5 us
+ * a step where the data was a line (clock stamps of one block), and 64 threads save 0.3-0.6 us a
+ * call (2 H100, nccl-tests with graphs, 8 B: all-reduce 5.1 -> 4.6 us, broadcast 3.2 -> 2.8,
+ * send/recv 4.1 -> 3.7; docs/PERF.md). Any other launch: GCOMM_DEV_THREADS. */
 static int launchThreads(gcommComm_t comm, const gcommDevLaunch_t* a) {
   if (!comm->smallKernel || a->nWorks > GCOMM_DEV_SMALL_WORKS) return GCOMM_DEV_THREADS;
   size_t lines = 0;
@@ -196,10 +196,11 @@ static int launchThreads(gcommComm_t comm, const gcommDevLaunch_t* a) {
     const gcommDevWork_t* w = &a->works[i];
     if (w->proto != gcommProtoLL) return GCOMM_DEV_THREADS;
     size_t count = w->sched.chunk < w->sched.chanCount ? w->sched.chunk : w->sched.chanCount;
-    size_t l = gcommDivUp(count * gcommTypeSize(w->datatype), 8);
+    size_t l = gcommDivUp(count * gcommTypeSize(w->datatype), 8) +
+               (w->sched.fan ? (size_t)w->sched.nranks - 1 : 1);
     if (l > lines) lines = l;
   }
-  size_t threads = gcommDivUp(lines + 1, LAUNCH_WARP) * LAUNCH_WARP;
+  size_t threads = gcommDivUp(lines, LAUNCH_WARP) * LAUNCH_WARP;
   if (threads < LAUNCH_MIN_THREADS) threads = LAUNCH_MIN_THREADS;
   return threads < GCOMM_DEV_THREADS ? (int)threads : GCOMM_DEV_THREADS;
 }

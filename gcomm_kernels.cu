@@ -36,6 +36,15 @@ template <int DT>
 using Elem = typename gcommElem<DT>::T;
 
 /* ---- the data of one step ---- */
+
+/* One peer of a fan step (gcomm_sched.h): its receive and send slots past their header lines
+ * and their flags, written by the peer's thread before the data moves. */
+struct FanPeer {
+  const uint4* in;
+  uint4* out;
+  uint32_t flagIn, flagOut;
+};
+
 struct StepIo {
   const char* src;   /* local operand, or NULL */
   const char* in[2]; /* received slots (in this rank's memory), or NULL; LL: the first data line */
@@ -47,6 +56,10 @@ struct StepIo {
   /* LL only */
   uint32_t flagIn[2], flagOut[2]; /* the flags of in[k] and out[k + 1] */
   int inPeer[2];                  /* for the error record */
+  /* fan steps only (in[] and out[1..2] unused): the step, every peer's slots, this rank */
+  const gcommStep_t* fanStep;
+  const FanPeer* fan;
+  int rank;
 };
 
 static __device__ __forceinline__ bool isAligned(const void* p, uintptr_t a) {
@@ -393,8 +406,156 @@ static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w)
   }
 }
 
-/* The step's code for datatype and op: Simple (reduceStep, LL_LINES 0) or LL (llStep with
- * LL_LINES lines in flight a thread). */
+/* ---- fan steps: every other rank at once, a line a thread ---- */
+
+/* The 8 bytes of line j of a block of count elements at p (the last line partly), scaled for
+ * PreMulSum when io says so. */
+template <int DT>
+static __device__ __forceinline__ uint64_t fanLoadLine(const StepIo& io, const Elem<DT>* p,
+                                                       size_t j, size_t count) {
+  typedef Elem<DT> T;
+  constexpr int E = 8 / sizeof(T);
+  union {
+    uint64_t u;
+    T e[E];
+  } v;
+  const size_t e0 = j * E;
+  const int ne = count - e0 < (size_t)E ? (int)(count - e0) : E;
+  v.u = 0;
+  if (ne == E && isAligned(p + e0, 8))
+    v.u = *(const uint64_t*)(p + e0);
+  else
+    for (int e = 0; e < ne; e++) v.e[e] = p[e0 + e];
+  if (io.scale)
+#pragma unroll
+    for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::preMul(v.e[e], scalarOf<DT>(io));
+  return v.u;
+}
+
+template <typename T>
+static __device__ __forceinline__ void fanStoreLine(T* p, size_t j, size_t count, uint64_t data) {
+  constexpr int E = 8 / sizeof(T);
+  union {
+    uint64_t u;
+    T e[E];
+  } v;
+  v.u = data;
+  const size_t e0 = j * E;
+  const int ne = count - e0 < (size_t)E ? (int)(count - e0) : E;
+  if (ne == E && isAligned(p + e0, 8))
+    *(uint64_t*)(p + e0) = v.u;
+  else
+    for (int e = 0; e < ne; e++) p[e0 + e] = v.e[e];
+}
+
+/* a = a op b, element by element, over the 8 bytes of a line (op: Sum, Prod, Max or Min). */
+template <int DT>
+static __device__ __forceinline__ uint64_t fanReduceLine(int op, uint64_t a, uint64_t b) {
+  typedef Elem<DT> T;
+  constexpr int E = 8 / sizeof(T);
+  union {
+    uint64_t u;
+    T e[E];
+  } x, y;
+  x.u = a, y.u = b;
+#pragma unroll
+  for (int e = 0; e < E; e++) x.e[e] = gcommElem<DT>::reduce(op, x.e[e], y.e[e]);
+  return x.u;
+}
+
+/* Line j from every peer in `want` (a bit a rank) into raw[peer]: all loads issued, then reloaded
+ * until each carries its step's flag (or the wait gives up: then whatever they hold). */
+static __device__ __forceinline__ void fanReadLines(const StepIo& io, size_t j, unsigned want,
+                                                    uint4 raw[GCOMM_FAN_MAX_RANKS],
+                                                    const LlWait& w) {
+#pragma unroll
+  for (int k = 0; k < GCOMM_FAN_MAX_RANKS; k++)
+    if (want >> k & 1) raw[k] = gcommGpuLlLoad(io.fan[k].in + j);
+  unsigned spins = 0;
+  uint64_t t0 = 0;
+  for (;;) {
+    unsigned late = 0;
+#pragma unroll
+    for (int k = 0; k < GCOMM_FAN_MAX_RANKS; k++) {
+      if (!(want >> k & 1) || (raw[k].y == io.fan[k].flagIn && raw[k].w == io.fan[k].flagIn))
+        continue;
+      late |= 1u << k;
+      raw[k] = gcommGpuLlLoad(io.fan[k].in + j);
+    }
+    if (!late || (++spins % 1024 == 0 && llGiveUp(w, __ffs(late) - 1, &t0))) return;
+  }
+}
+
+/* A fan step's data (gcomm_sched.h's GCOMM_FAN_* flags): every thread takes lines j, j +
+ * blockDim.x, ... of every block and sends them all, then receives them (sends never wait, so a
+ * thread's receives overlap the peers' latency once, not once a line); every rank's block `rank`
+ * is combined in rank order, so that a one-shot all-reduce gives every rank the same bits. In
+ * place, a line is read by the thread that later writes it. One instantiation a datatype, the
+ * operator a variable: a fan step's data is small, and one a datatype and operator made the
+ * kernels' compile several times longer. */
+template <int DT>
+static __device__ __forceinline__ void fanLlStep(const StepIo& io, int op, const LlWait& w) {
+  typedef Elem<DT> T;
+  constexpr int E = 8 / sizeof(T);
+  const gcommStep_t* st = io.fanStep;
+  const int n = io.nranks, r = io.rank, kind = st->fan;
+  const T* src = (const T*)io.src;
+  T* dst = (T*)io.out[0];
+  const size_t nLines = gcommDivUp(io.count, E), own = gcommFanCount(st, r);
+  const T* ownSrc = src + gcommFanStart(st, r);
+  for (size_t j = threadIdx.x; j < nLines; j += blockDim.x) {
+    if ((kind & GCOMM_FAN_SEND_SAME) && j * E < own) {
+      const uint64_t v = fanLoadLine<DT>(io, ownSrc, j, own);
+      for (int p = 0; p < n; p++)
+        if (p != r) llWrite(io.fan[p].out + j, v, io.fan[p].flagOut);
+    } else if (kind & GCOMM_FAN_SEND_BLOCKS) {
+      for (int p = 0; p < n; p++) {
+        const size_t count = gcommFanCount(st, p);
+        if (p != r && j * E < count)
+          llWrite(io.fan[p].out + j, fanLoadLine<DT>(io, src + gcommFanStart(st, p), j, count),
+                  io.fan[p].flagOut);
+      }
+    }
+  }
+  for (size_t j = threadIdx.x; j < nLines; j += blockDim.x) {
+    uint4 raw[GCOMM_FAN_MAX_RANKS];
+    unsigned want = 0;
+    for (int p = 0; p < n; p++)
+      if (p != r && j * E < ((kind & GCOMM_FAN_REDUCE) ? own : gcommFanCount(st, p)))
+        want |= 1u << p;
+    if (!want) continue;
+    fanReadLines(io, j, want, raw, w);
+    if (kind & GCOMM_FAN_REDUCE) {
+      const uint64_t mine = fanLoadLine<DT>(io, ownSrc, j, own);
+      uint64_t v = r == 0 ? mine : raw[0].x | (uint64_t)raw[0].z << 32;
+#pragma unroll /* raw[] stays in registers only where indexed by constants */
+      for (int k = 1; k < GCOMM_FAN_MAX_RANKS; k++)
+        if (k < n)
+          v = fanReduceLine<DT>(op, v, k == r ? mine : raw[k].x | (uint64_t)raw[k].z << 32);
+      if (io.div) {
+        union {
+          uint64_t u;
+          T e[E];
+        } d;
+        d.u = v;
+#pragma unroll
+        for (int e = 0; e < E; e++) d.e[e] = gcommElem<DT>::divide(d.e[e], io.nranks);
+        v = d.u;
+      }
+      fanStoreLine(dst, j, own, v);
+    } else {
+#pragma unroll
+      for (int p = 0; p < GCOMM_FAN_MAX_RANKS; p++)
+        if (want >> p & 1)
+          fanStoreLine(dst + gcommFanStart(st, p), j, gcommFanCount(st, p),
+                       raw[p].x | (uint64_t)raw[p].z << 32);
+    }
+  }
+}
+
+/* The step's code for datatype and op: Simple (reduceStep, LL_LINES 0), LL (llStep with
+ * LL_LINES lines in flight a thread) or a fan step (LL_LINES FAN_LINES, stepT). */
+#define FAN_LINES (-1)
 template <int LL_LINES, int DT, int OP>
 static __device__ __forceinline__ void stepOp(const StepIo& io, const LlWait& w) {
   if constexpr (LL_LINES > 0)
@@ -405,19 +566,23 @@ static __device__ __forceinline__ void stepOp(const StepIo& io, const LlWait& w)
 
 template <int LL_LINES, int DT>
 static __device__ __forceinline__ void stepT(const StepIo& io, int op, const LlWait& w) {
-  switch (op) {
-    case gcommProd:
-      stepOp<LL_LINES, DT, gcommProd>(io, w);
-      break;
-    case gcommMax:
-      stepOp<LL_LINES, DT, gcommMax>(io, w);
-      break;
-    case gcommMin:
-      stepOp<LL_LINES, DT, gcommMin>(io, w);
-      break;
-    default:
-      stepOp<LL_LINES, DT, gcommSum>(io, w);
-      break; /* Sum, Avg, PreMulSum */
+  if constexpr (LL_LINES == FAN_LINES) { /* Avg and PreMulSum are Sums here too */
+    fanLlStep<DT>(io, op == gcommProd || op == gcommMax || op == gcommMin ? op : gcommSum, w);
+  } else {
+    switch (op) {
+      case gcommProd:
+        stepOp<LL_LINES, DT, gcommProd>(io, w);
+        break;
+      case gcommMax:
+        stepOp<LL_LINES, DT, gcommMax>(io, w);
+        break;
+      case gcommMin:
+        stepOp<LL_LINES, DT, gcommMin>(io, w);
+        break;
+      default:
+        stepOp<LL_LINES, DT, gcommSum>(io, w);
+        break; /* Sum, Avg, PreMulSum */
+    }
   }
 }
 
@@ -776,6 +941,105 @@ static __device__ __forceinline__ void publishCounters(const gcommStep_t& st, co
   }
 }
 
+/* ---- the parts of a fan step: thread p < n does peer p's bookkeeping, all at once ---- */
+
+/* The step's FIFO positions with peer p, kept by peer p's thread from fanPrepare to fanPublish. */
+struct FanPos {
+  uint64_t send, recv;
+};
+
+/* Thread p (p < n, not this rank) takes peer p: its FIFO positions, a free send slot (waiting for
+ * the peer's head if need be), the send slot's header line, and the slots' addresses into
+ * shFan[p]; then a barrier. Returns non-zero, in every thread, when a wait failed (recorded). */
+static __device__ __forceinline__ int fanPrepare(const gcommStep_t& st, const Queue& q,
+                                                 const gcommDevComm_t& comm, uint32_t tag,
+                                                 size_t esz, const LlWait& w, FanPeer* shFan,
+                                                 FanPos& pos, volatile int& shFail) {
+  const int p = threadIdx.x;
+  if (p < comm.nranks && p != comm.rank) {
+    pos.send = *q.sendC[p].step;
+    pos.recv = *q.recvC[p].step;
+    uint64_t need = pos.send + 1 - GCOMM_STEPS, t0 = 0, seen = 0;
+    int err = 0;
+    if (pos.send >= GCOMM_STEPS && !(q.knownHead && q.knownHead[p] >= need)) {
+      err = waitFor<false>(w.comm, q.sendC[p].head, need, &t0, &seen);
+      if (err) {
+        recordError(w.gcomm, w.comm, err, p, w.lane, 0, w.func, w.step, 0, 0);
+        atomicCAS((int*)&shFail, 0, err);
+      } else if (q.knownHead) {
+        q.knownHead[p] = seen;
+      }
+    }
+    FanPeer f;
+    f.in = (const uint4*)(q.recvC[p].llSlots + (pos.recv % GCOMM_STEPS) * GCOMM_LL_SLOT_BYTES +
+                          GCOMM_LL_LINE);
+    f.out = (uint4*)(q.sendC[p].llSlots + (pos.send % GCOMM_STEPS) * GCOMM_LL_SLOT_BYTES +
+                     GCOMM_LL_LINE);
+    f.flagIn = (uint32_t)(pos.recv + 1);
+    f.flagOut = (uint32_t)(pos.send + 1);
+    shFan[p] = f;
+    size_t sent = gcommFanCount(&st, st.fan & GCOMM_FAN_SEND_BLOCKS ? p : comm.rank);
+    if (!err && (st.fan & (GCOMM_FAN_SEND_SAME | GCOMM_FAN_SEND_BLOCKS)))
+      llWrite(f.out - 1, GCOMM_SLOT_WORD(tag, sent * esz), f.flagOut);
+  }
+  __syncthreads();
+  return shFail;
+}
+
+/* The receive slots' header lines, thread blockDim.x - 1 - k checking peer rank + 1 + k while
+ * the others move data (a mismatch or a failed wait is recorded and set in w.fail, which the
+ * threads waiting for lines a mismatched peer never sends see too). */
+static __device__ __forceinline__ void fanHeaders(const gcommStep_t& st, const StepIo& io,
+                                                  uint32_t tag, size_t esz, const LlWait& w) {
+  const int n = io.nranks, k = (int)(blockDim.x - 1 - threadIdx.x);
+  if (k >= n - 1 || !(st.fan & (GCOMM_FAN_REDUCE | GCOMM_FAN_GATHER))) return;
+  const int p = (io.rank + 1 + k) % n;
+  const size_t count = gcommFanCount(&st, st.fan & GCOMM_FAN_REDUCE ? io.rank : p);
+  const uint64_t word = GCOMM_SLOT_WORD(tag, count * esz);
+  uint64_t t0 = 0, got = 0;
+  int err = waitLlHeader(w.comm, io.fan[p].in - 1, io.fan[p].flagIn, &t0, &got);
+  if (!err && got != word) err = gcommInvalidUsage;
+  if (err) {
+    recordError(w.gcomm, w.comm, err, p, w.lane, 1, w.func, w.step,
+                err == gcommInvalidUsage ? got : 0, err == gcommInvalidUsage ? word : 0);
+    *w.fail = err;
+  }
+}
+
+/* A fan step's operands: src and dst at the step's offsets (block 0 of each), the peers' slots. */
+static __device__ __forceinline__ StepIo fanIo(const gcommDevWork_t& w, const gcommStep_t& st,
+                                               const gcommDevComm_t& comm, const FanPeer* shFan,
+                                               size_t esz, uint64_t scalar) {
+  StepIo io = {};
+  const char* in = st.src == GCOMM_BUF_IN    ? (const char*)w.sendbuff
+                   : st.src == GCOMM_BUF_OUT ? (const char*)w.recvbuff
+                                             : NULL;
+  io.src = in ? in + st.srcOff * esz : NULL;
+  io.out[0] = st.dst == GCOMM_BUF_OUT ? (char*)w.recvbuff + st.dstOff * esz : NULL;
+  io.reduce = st.reduce;
+  io.div = st.postOp && w.redop == gcommAvg;
+  io.scale = w.redop == GCOMM_OP_PREMULSUM && st.src == GCOMM_BUF_IN;
+  io.scalar = scalar;
+  io.nranks = comm.nranks;
+  io.count = st.count;
+  io.fanStep = &st;
+  io.fan = shFan;
+  io.rank = comm.rank;
+  return io;
+}
+
+/* Thread p hands peer p's slots over: the send slot by its tail (the flags carried the data; the
+ * tail only keeps count), the receive slot back by its head. */
+static __device__ __forceinline__ void fanPublish(const Queue& q, const gcommDevComm_t& comm,
+                                                  const FanPos& pos) {
+  const int p = threadIdx.x;
+  if (p >= comm.nranks || p == comm.rank) return;
+  *q.sendC[p].tail = pos.send + 1;
+  *q.sendC[p].step = pos.send + 1;
+  *q.recvC[p].head = pos.recv + 1;
+  *q.recvC[p].step = pos.recv + 1;
+}
+
 /* PreMulSum's scalar: a device-resident one is read now, when the operation runs. */
 static __device__ __forceinline__ uint64_t workScalar(const gcommDevWork_t& w, size_t esz) {
   uint64_t scalar = w.scalar;
@@ -801,6 +1065,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_ME
    * thread computing each step as it comes is a few hundred dependent instructions, ~1 us a step
    * on the critical path of a small operation (docs/PERF.md). */
   __shared__ gcommStep_t shSteps[GCOMM_DEV_STEP_BATCH];
+  __shared__ FanPeer shFan[GCOMM_FAN_MAX_RANKS]; /* a fan step's peers (fanPrepare) */
   /* The block's lane's connections with their counters (gcomm_device.h: send step, receive step,
    * known head), in shared memory when n <= GCOMM_DEV_CACHE_RANKS (cacheConnections). */
   extern __shared__ char shCache[];
@@ -842,6 +1107,18 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_ME
       const gcommStep_t& st = shSteps[s % NB];
       const uint64_t word = GCOMM_SLOT_WORD(w.tag, st.count * esz);
       LlWait lw = {a.comm, &comm, &shDataFail, w.lane, sched.func, s};
+      if (st.fan) { /* LL: gcommChooseFan */
+        FanPos fp = {0, 0};
+        if (fanPrepare(st, q, comm, w.tag, esz, lw, shFan, fp, shFail)) return;
+        const StepIo io = fanIo(w, st, comm, shFan, esz, scalar);
+        fanHeaders(st, io, w.tag, esz, lw);
+        llDataStep<FAN_LINES>(io, w.datatype, w.redop, lw);
+        __syncthreads();
+        if (shDataFail) return;
+        fanPublish(q, comm, fp);
+        __syncthreads();
+        continue;
+      }
       StepPos pos;
       if (stepPositions(st, q, ll, pos) && waitFifos(st, q, pos, ll, word, lw, shFail)) return;
       const StepIo io = stepIo(w, st, comm, q, pos, ll, esz, scalar);

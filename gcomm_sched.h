@@ -86,6 +86,26 @@ typedef enum { gcommProtoSimple, gcommProtoLL, gcommNumProtos } gcommProto_t;
 
 enum { GCOMM_BUF_NONE = 0, GCOMM_BUF_IN = 1, GCOMM_BUF_OUT = 2 };
 
+/* A fan step (GPU communicators, LL, at most GCOMM_FAN_MAX_RANKS ranks) meets every other rank
+ * at once instead of one or two a step: a step's fixed work, not its data, is what a small
+ * reduction on a GPU costs (docs/PERF.md), and the direct patterns below take n-1 or more steps.
+ * Its data is cut in blocks: block p starts gcommFanStart elements past srcOff (or dstOff) and
+ * holds gcommFanCount. What it does is the union of:
+ *   SEND_SAME   this rank's block of src (at srcOff + start(rank)) to every other rank;
+ *   SEND_BLOCKS block p of src to each other rank p;
+ *   REDUCE      every rank's block `rank`, combined in rank order (x0 op x1 op ... op xn-1, this
+ *               rank's own from src), to dst at dstOff (after the post-operation when postOp);
+ *   GATHER      what each other rank p sends, to dst at dstOff + start(p).
+ * Its sends come before its receives in every thread, and a send waits only for a free slot
+ * (freed by the peer's earlier steps), so a fan step that sends and receives cannot deadlock. */
+#define GCOMM_FAN_MAX_RANKS 8
+enum {
+  GCOMM_FAN_SEND_SAME = 1,
+  GCOMM_FAN_SEND_BLOCKS = 2,
+  GCOMM_FAN_REDUCE = 4,
+  GCOMM_FAN_GATHER = 8
+};
+
 typedef struct {
   int recvPeer[2]; /* ranks whose FIFO to this rank is read, -1 for none */
   int sendPeer[2]; /* ranks whose FIFO from this rank is written, -1 for none */
@@ -93,8 +113,19 @@ typedef struct {
   int dst;         /* local destination: GCOMM_BUF_OUT or GCOMM_BUF_NONE */
   int reduce;      /* combine the received data with src (else received data replaces it) */
   int postOp;      /* the value is final: apply the op's post-operation (Avg divides) */
-  size_t srcOff, dstOff, count; /* in elements */
+  int fan;         /* GCOMM_FAN_* flags (recvPeer and sendPeer unused), or 0 */
+  size_t srcOff, dstOff, count; /* in elements; a fan step's count is a block's */
+  size_t fanStride, fanSpan;    /* fan blocks: block p at min(p * stride, span), clipped there */
 } gcommStep_t;
+
+GCOMM_HD size_t gcommFanStart(const gcommStep_t* st, int p) {
+  size_t start = (size_t)p * st->fanStride;
+  return start < st->fanSpan ? start : st->fanSpan;
+}
+GCOMM_HD size_t gcommFanCount(const gcommStep_t* st, int p) {
+  size_t left = st->fanSpan - gcommFanStart(st, p);
+  return st->count < left ? st->count : left;
+}
 
 /* What one channel of one operation needs to compute its steps. */
 typedef struct {
@@ -106,6 +137,7 @@ typedef struct {
   size_t chanCount;
   size_t chunk; /* elements per FIFO slot, a multiple of align */
   size_t align; /* chunk boundaries fall on multiples of this many elements */
+  int fan;      /* the direct reductions take fan steps (gcommSchedFans) */
 } gcommSched_t;
 
 GCOMM_HD int gcommMod(int a, int n) {
@@ -194,6 +226,8 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
   if (gcommIsPointToPoint(s->func) || n == 1) return 1;
   switch (s->func) {
     case gcommFuncAllReduce:
+      if (s->fan && (s->algo == gcommAlgoDirect || s->algo == gcommAlgoTwoShot))
+        return s->algo == gcommAlgoDirect ? 1 : 2;
       if (s->algo == gcommAlgoDirect) return n == 2 ? 2 : 2 * ((n + 1) / 2);
       if (s->algo == gcommAlgoTwoShot) return 2 * gcommDirectReduceSteps(n);
       return s->algo == gcommAlgoTree ? 2 : 2 * n - 1;
@@ -206,7 +240,8 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
              : algo == gcommAlgoDirect                         ? 2 * n - 1
                                                                : n;
     case gcommFuncReduceScatter:
-      return s->algo == gcommAlgoDirect ? gcommDirectReduceSteps(n) : n;
+      if (s->algo != gcommAlgoDirect) return n;
+      return s->fan ? 1 : gcommDirectReduceSteps(n);
     case gcommFuncAllToAll:
       return 2 * n - 1;
     case gcommFuncGather:
@@ -226,8 +261,9 @@ GCOMM_HD long gcommSchedNumSteps(const gcommSched_t* s) {
 GCOMM_HD void gcommStepInit(gcommStep_t* st) {
   st->recvPeer[0] = st->recvPeer[1] = st->sendPeer[0] = st->sendPeer[1] = -1;
   st->src = st->dst = GCOMM_BUF_NONE;
-  st->reduce = st->postOp = 0;
+  st->reduce = st->postOp = st->fan = 0;
   st->srcOff = st->dstOff = st->count = 0;
+  st->fanStride = st->fanSpan = 0;
 }
 
 /* ======================================================================================== */
@@ -347,6 +383,21 @@ GCOMM_HD void gcommDirectExchange(int r, int n, long t, size_t blk, size_t R, si
   st->dstOff = p * R + off;
 }
 
+/* The fan reduction of a round (gcommStep_t's fan steps): send block p of src (block p at off +
+ * p * stride, c elements; stride 0: the same block to all) to each rank p and combine every rank's
+ * block of this rank, in rank order, into dst at dstOff, the value final. One step where the
+ * direct reduction takes gcommDirectReduceSteps. */
+GCOMM_HD void gcommFanReduce(size_t off, size_t stride, size_t span, size_t c, gcommStep_t* st) {
+  st->fan = (stride ? GCOMM_FAN_SEND_BLOCKS : GCOMM_FAN_SEND_SAME) | GCOMM_FAN_REDUCE;
+  st->src = GCOMM_BUF_IN;
+  st->dst = GCOMM_BUF_OUT;
+  st->reduce = st->postOp = 1;
+  st->srcOff = off;
+  st->count = c;
+  st->fanStride = stride;
+  st->fanSpan = span;
+}
+
 /* A round of c elements cut into n blocks of a multiple of align (the last ones shorter or empty):
  * the block size, and where block k starts. */
 GCOMM_HD size_t gcommRankBlock(size_t c, int n, size_t align) {
@@ -433,6 +484,10 @@ GCOMM_HD void gcommStepAllReduceOneShot(const gcommSched_t* s, const gcommRound_
                                         gcommStep_t* st) {
   int n = s->nranks, r = s->rank;
   long t = q->t, half = (n + 1) / 2;
+  if (s->fan) { /* one fan step: the input to every rank, every rank's combined */
+    gcommFanReduce(q->off, 0, q->c, q->c, st);
+    return;
+  }
   if (n == 2) {
     gcommDirectReduce(r, n, t, 0, q->off, st);
     return;
@@ -466,6 +521,17 @@ GCOMM_HD void gcommStepAllReduceTwoShot(const gcommSched_t* s, const gcommRound_
   int n = s->nranks, r = s->rank;
   long t = q->t, half = gcommDirectReduceSteps(n);
   size_t off = q->off, c = q->c, pc = gcommRankBlock(c, n, s->align);
+  if (s->fan) { /* two fan steps: the reduce-scatter, then block r to every rank */
+    gcommFanReduce(off, pc, c, pc, st);
+    st->dstOff = off + gcommFanStart(st, r);
+    if (t == 1) {
+      st->fan = GCOMM_FAN_SEND_SAME | GCOMM_FAN_GATHER;
+      st->src = GCOMM_BUF_OUT;
+      st->dstOff = off;
+      st->reduce = st->postOp = 0;
+    }
+    return;
+  }
   if (t < half) { /* reduce-scatter */
     gcommDirectReduce(r, n, t, 0, 0, st);
     int k = t < n - 1 ? st->sendPeer[0] : r; /* the block this step moves */
@@ -721,6 +787,8 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
     case gcommFuncReduceScatter: /* direct: each rank reduces its own block */
       if (algo == gcommAlgoRing)
         gcommStepReduceScatterRing(s, &q, st);
+      else if (s->fan)
+        gcommFanReduce(q.off, s->count, (size_t)-1, q.c, st);
       else
         gcommDirectReduce(r, n, q.t, s->count, q.off, st);
       return;

@@ -19,6 +19,9 @@
 #define HOST_TREE_MAX_BYTES (256u << 10)
 #define HOST_RECDBL_MAX_BYTES (128u << 10)
 #define HOST_DIRECT_RS_MAX_BYTES (16u << 10)
+/* GPU reductions that take fan steps up to this size (a quarter of it on 2 ranks: gcommChooseAlgo)
+ */
+#define GPU_FAN_MAX_BYTES (512u << 10)
 
 /* An algorithm's two cost terms: FIFO hops one after another, and bytes each rank moves per byte
  * of `bytes`, the size nccl-tests reports (the whole buffer; AllGather: the output;
@@ -144,12 +147,24 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
    * stay small, up to 2 MB of them with Simple, 384 KB with LL (2 H200: LL's ring is faster at
    * 512 KB, 9.8 us against 10.6, and 2 MB, 21.9 against 26.2; 4 H100, nccl-tests with graphs, the
    * one-shot ahead at 128 KB, 384 KB of copies: 12.4 us against the ring's 16.3, behind at 512
-   * KB: 23.9 against 18.4); elsewhere the ring. */
+   * KB: 23.9 against 18.4). Beyond, up to GPU_FAN_MAX_BYTES, the two-shot all-reduce and the
+   * direct reduce-scatter where they take fan steps (nccl-tests with graphs, 4 H200: all-reduce
+   * 512 KB 16.1 us against the ring's 19.1, reduce-scatter 32 B-512 KB 5.0-9.2 against 7.7-11.8,
+   * at 2 MB the ring is faster: 29.2 against 42.9, 18.6 against 23.1; 2 H200, where the ring is
+   * two steps: reduce-scatter 128 KB 5.5 against 6.2, 512 KB 8.2 against 7.7, the two-shot
+   * all-reduce 512 KB 13.8 against 10.2). Elsewhere the ring. */
   if (comm->device >= 0) {
     int ll = gcommChooseProto(comm, func, gcommAlgoRing, bytes, 0) == gcommProtoLL;
     size_t copies = bytes * (size_t)(comm->nranks - 1);
-    int small = func == gcommFuncAllReduce && copies <= (ll ? 384u << 10 : 2u << 20);
-    return gcommSchedAlgo(func, small ? gcommAlgoDirect : gcommAlgoRing);
+    if (func == gcommFuncAllReduce && copies <= (ll ? 384u << 10 : 2u << 20))
+      return gcommAlgoDirect;
+    int pair = comm->nranks == 2;
+    int fanAlgo = func == gcommFuncAllReduce ? gcommAlgoTwoShot : gcommAlgoDirect;
+    int fans = gcommChooseFan(comm, func, fanAlgo, gcommChooseProto(comm, func, fanAlgo, bytes, 0));
+    if (fans && !(pair && fanAlgo == gcommAlgoTwoShot) &&
+        bytes <= (pair ? GPU_FAN_MAX_BYTES / 4 : GPU_FAN_MAX_BYTES))
+      return fanAlgo;
+    return gcommSchedAlgo(func, gcommAlgoRing);
   }
 #endif
   /* Between nodes (libfabric tcp, docs/PERF.md) the one-shot all-reduce takes one network hop
@@ -276,6 +291,17 @@ size_t gcommChooseStepBytes(gcommComm_t comm, int func, int proto, int nParts, s
   size_t slot = comm->slotBytes, quarter = share / 4;
   if (!gpuPair || quarter >= slot) return slot;
   return quarter > slot / 4 ? quarter : slot / 4;
+}
+
+/* Whether a GPU reduction takes fan steps (gcomm_sched.h: every other rank in one step): the
+ * one-shot and two-shot all-reduce and the direct reduce-scatter with LL, whose lines carry their
+ * own flags, so that a block's threads poll every peer's at once, on up to GCOMM_FAN_MAX_RANKS
+ * ranks. Every rank decides alike. */
+int gcommChooseFan(gcommComm_t comm, int func, int algo, int proto) {
+  int direct = algo == gcommAlgoDirect || (func == gcommFuncAllReduce && algo == gcommAlgoTwoShot);
+  int reduction = func == gcommFuncAllReduce || func == gcommFuncReduceScatter;
+  return comm->device >= 0 && proto == gcommProtoLL && reduction && direct &&
+         comm->nranks <= GCOMM_FAN_MAX_RANKS;
 }
 
 void gcommTuningPrint(gcommComm_t comm) {

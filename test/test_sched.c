@@ -29,7 +29,7 @@
 
 /* One collective's buffers: in[r] and out[r] of every simulated rank. */
 typedef struct {
-  int func, algo, n, root;
+  int func, algo, n, root, fan;
   size_t count, inLen, outLen; /* count: gcommSched_t.count; lengths in elements */
   uint64_t* in[MAXR];
   uint64_t* out[MAXR];
@@ -92,10 +92,78 @@ static uint64_t* buffer(const Case* c, int r, int which) {
   return which == GCOMM_BUF_IN ? c->in[r] : which == GCOMM_BUF_OUT ? c->out[r] : NULL;
 }
 
+/* The sends of fan step st of rank r (one FIFO slot to every other rank), if every FIFO has
+ * room; returns 1 if they went, 0 if they must wait. */
+static int fanSend(const Case* c, int r, const gcommStep_t* st, Fifo fifo[MAXR][MAXR]) {
+  for (int p = 0; p < c->n; p++)
+    if (p != r && fifo[r][p].tail - fifo[r][p].head == GCOMM_STEPS) return 0;
+  const uint64_t* src = buffer(c, r, st->src);
+  for (int p = 0; p < c->n; p++) {
+    if (p == r) continue;
+    int b = st->fan & GCOMM_FAN_SEND_BLOCKS ? p : r; /* the block p gets */
+    size_t count = gcommFanCount(st, b);
+    Fifo* f = &fifo[r][p];
+    uint64_t* copy = malloc((count + 1) * sizeof(uint64_t));
+    memcpy(copy, src + st->srcOff + gcommFanStart(st, b), count * sizeof(uint64_t));
+    f->count[f->tail % GCOMM_STEPS] = count;
+    f->slot[f->tail++ % GCOMM_STEPS] = copy;
+  }
+  return 1;
+}
+
+/* The receives of fan step st of rank r, once every other rank's slot is there: the reduction of
+ * every rank's block r in rank order, or each rank's block to its place. Returns 1 if they ran,
+ * 0 if they must wait, -1 on an error (recorded). */
+static int fanReceive(const Case* c, int r, const gcommStep_t* st, Fifo fifo[MAXR][MAXR]) {
+  for (int p = 0; p < c->n; p++)
+    if (p != r && fifo[p][r].head == fifo[p][r].tail) return 0;
+  const uint64_t* src = buffer(c, r, st->src);
+  uint64_t* dst = buffer(c, r, st->dst);
+  size_t own = gcommFanCount(st, r);
+  uint64_t* value = calloc(own + 1, sizeof(uint64_t));
+  for (int p = 0; p < c->n; p++) {
+    size_t expect = st->fan & GCOMM_FAN_REDUCE ? own : gcommFanCount(st, p);
+    if (p == r) {
+      for (size_t i = 0; (st->fan & GCOMM_FAN_REDUCE) && i < own; i++)
+        value[i] += src[st->srcOff + gcommFanStart(st, r) + i];
+      continue;
+    }
+    Fifo* f = &fifo[p][r];
+    const uint64_t* in = f->slot[f->head % GCOMM_STEPS];
+    if (f->count[f->head % GCOMM_STEPS] != expect) {
+      tlFail("rank %d receives %zu elements from rank %d, which sent %zu", r, expect, p,
+             f->count[f->head % GCOMM_STEPS]);
+      free(value);
+      return -1;
+    }
+    for (size_t i = 0; i < expect; i++) {
+      if (st->fan & GCOMM_FAN_REDUCE)
+        value[i] += in[i];
+      else
+        dst[st->dstOff + gcommFanStart(st, p) + i] = in[i];
+    }
+    free(f->slot[f->head % GCOMM_STEPS]);
+    f->slot[f->head++ % GCOMM_STEPS] = NULL;
+  }
+  for (size_t i = 0; (st->fan & GCOMM_FAN_REDUCE) && i < own; i++)
+    dst[st->dstOff + i] = st->postOp ? postOp(value[i]) : value[i];
+  free(value);
+  return 1;
+}
+
 /* Runs step st of rank r if its FIFOs are ready (fifo[from][to]); returns 1 if it ran, 0 if it
- * must wait, -1 on an error (recorded). */
-static int runStep(const Case* c, int r, const gcommStep_t* st, size_t chunk,
-                   Fifo fifo[MAXR][MAXR]) {
+ * must wait, -1 on an error (recorded). A fan step runs in two halves (*sent: the first went),
+ * as a kernel's threads send before they receive. */
+static int runStep(const Case* c, int r, const gcommStep_t* st, size_t chunk, Fifo fifo[MAXR][MAXR],
+                   int* sent) {
+  if (st->fan && st->count > chunk)
+    return tlFail("rank %d: a fan block of %zu elements, slots hold %zu", r, st->count, chunk), -1;
+  if (st->fan && !*sent) return (*sent = fanSend(c, r, st, fifo)) ? 2 : 0;
+  if (st->fan) {
+    int ran = fanReceive(c, r, st, fifo);
+    if (ran) *sent = 0;
+    return ran;
+  }
   for (int k = 0; k < 2; k++) {
     if (st->recvPeer[k] >= 0 && fifo[st->recvPeer[k]][r].head == fifo[st->recvPeer[k]][r].tail)
       return 0;
@@ -157,6 +225,7 @@ static void runChannel(const Case* c, size_t off, size_t len, size_t chunk, size
   gcommSched_t sched[2 * MAXR];
   int rankOf[2 * MAXR];
   long next[2 * MAXR], total[2 * MAXR];
+  int sent[2 * MAXR] = {0};
   static Fifo fifo[MAXR][MAXR];
   memset(fifo, 0, sizeof(fifo));
   for (int p = 0; p < nProg; p++) {
@@ -171,7 +240,8 @@ static void runChannel(const Case* c, size_t off, size_t len, size_t chunk, size
                       .chanOff = off,
                       .chanCount = len,
                       .chunk = chunk,
-                      .align = align};
+                      .align = align,
+                      .fan = c->fan};
     sched[p] = s;
     rankOf[p] = r;
     next[p] = 0;
@@ -189,9 +259,10 @@ static void runChannel(const Case* c, size_t off, size_t len, size_t chunk, size
       done = 0;
       gcommStep_t st;
       gcommSchedGetStep(&sched[p], next[p], &st);
-      int ran = runStep(c, rankOf[p], &st, chunk, fifo);
+      int ran = runStep(c, rankOf[p], &st, chunk, fifo, &sent[p]);
       if (ran < 0) return;
-      if (ran) next[p]++, progress = 1;
+      if (ran) progress = 1;
+      if (ran == 1) next[p]++;
     }
   }
   for (int a = 0; a < c->n; a++)
@@ -242,23 +313,36 @@ int main(int argc, char** argv) {
       int a = gcommSchedAlgo(func, algo), seen = 0;
       for (int b = 0; b < algo; b++) seen |= gcommSchedAlgo(func, b) == a;
       if (seen) continue;
-      for (int n = 1; n <= MAXR; n++)
-        for (int root = 0; root < n; root++)
-          for (unsigned ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++)
-            for (unsigned hi = 0; hi < sizeof(chunks) / sizeof(chunks[0]); hi++)
-              for (unsigned ai = 0; ai < sizeof(aligns) / sizeof(aligns[0]); ai++)
-                for (int nch = 1; nch <= 2; nch++) {
-                  if (chunks[hi] % aligns[ai] || job++ % tlNranks != tlRank) continue;
-                  Case c = {.func = func, .algo = a, .n = n, .root = root, .count = counts[ci]};
-                  int before = tlLocalFailed;
-                  runCase(&c, chunks[hi], aligns[ai], nch, tlHash3(tlSeed, (uint64_t)job, 1));
-                  if (tlLocalFailed && !before)
-                    snprintf(tlWhy + strlen(tlWhy), sizeof(tlWhy) - strlen(tlWhy),
-                             " (%d ranks, root %d, count %zu, chunk %zu, align %zu, %d channels)",
-                             n, root, counts[ci], chunks[hi], aligns[ai], nch);
-                }
-      tlReport("%s %s: every rank's output is the serial result, no deadlock, 1-%d ranks",
-               funcNames[func], algoNames[a], MAXR);
+      for (int fan = 0; fan <= 1; fan++) {
+        /* the reductions that have fan steps, to as many ranks as those run on */
+        int fans =
+            (func == gcommFuncAllReduce && (a == gcommAlgoDirect || a == gcommAlgoTwoShot)) ||
+            (func == gcommFuncReduceScatter && a == gcommAlgoDirect);
+        if (fan && !fans) continue;
+        int maxRanks = fan && GCOMM_FAN_MAX_RANKS < MAXR ? GCOMM_FAN_MAX_RANKS : MAXR;
+        for (int n = 1; n <= maxRanks; n++)
+          for (int root = 0; root < n; root++)
+            for (unsigned ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++)
+              for (unsigned hi = 0; hi < sizeof(chunks) / sizeof(chunks[0]); hi++)
+                for (unsigned ai = 0; ai < sizeof(aligns) / sizeof(aligns[0]); ai++)
+                  for (int nch = 1; nch <= 2; nch++) {
+                    if (chunks[hi] % aligns[ai] || job++ % tlNranks != tlRank) continue;
+                    Case c = {.func = func,
+                              .algo = a,
+                              .n = n,
+                              .root = root,
+                              .count = counts[ci],
+                              .fan = fan};
+                    int before = tlLocalFailed;
+                    runCase(&c, chunks[hi], aligns[ai], nch, tlHash3(tlSeed, (uint64_t)job, 1));
+                    if (tlLocalFailed && !before)
+                      snprintf(tlWhy + strlen(tlWhy), sizeof(tlWhy) - strlen(tlWhy),
+                               " (%d ranks, root %d, count %zu, chunk %zu, align %zu, %d channels)",
+                               n, root, counts[ci], chunks[hi], aligns[ai], nch);
+                  }
+        tlReport("%s %s%s: every rank's output is the serial result, no deadlock, 1-%d ranks",
+                 funcNames[func], algoNames[a], fan ? " (fan steps)" : "", maxRanks);
+      }
     }
   }
   return tlFinish("test_sched");
