@@ -226,11 +226,14 @@ int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto, int
   size_t maxCh = (size_t)(isP2p ? comm->nP2pChannels : comm->nChannels);
   size_t nc = bytes / (4 * comm->slotBytes);
 #ifdef GCOMM_GPU
-  /* a block per channel: up to 32 from 32 KB each; beyond 32 only once each gets 128 KB, beyond
-   * 64 once each gets 512 KB, a slot (more blocks made 2 MB slower and 16 MB+ faster: docs/PERF.md)
-   */
+  /* a block per channel: up to 32 from 32 KB each; beyond 32 only once each gets 64 KB, beyond
+   * 64 once each gets 512 KB, a slot (nccl-tests with graphs, docs/PERF.md: 64 blocks at 4 MB
+   * instead of 32 took 2 H100's all-reduce from 35.7 to 34.0 us, reduce-scatter from 26.8 to 23.2
+   * and reduce from 27.9 to 19.5, 4 H100's level; 128 at 32 MB made 2 H100's reduce-scatter
+   * faster, 95.9 against 104.5, and 4 H100's all-gather slower, 115.0 against 104.0; more blocks
+   * made 2 MB slower) */
   if (comm->device >= 0) {
-    size_t few = bytes / (32 * 1024), many = bytes / (128 * 1024), most = bytes / (512 * 1024);
+    size_t few = bytes / (32 * 1024), many = bytes / (64 * 1024), most = bytes / (512 * 1024);
     nc = most > 64 ? most : many > 64 ? 64 : many > 32 ? many : few < 32 ? few : 32;
     /* LL: a block moves ~20 GB/s of payload (half of each line is flags), so an LL operation
      * spreads from 4 KB a channel (faster than 8 or 16 KB from 32 KB to 256 KB: docs/PERF.md), up
