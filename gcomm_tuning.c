@@ -230,8 +230,8 @@ int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto, int
    * 64 once each gets 512 KB, a slot (nccl-tests with graphs, docs/PERF.md: 64 blocks at 4 MB
    * instead of 32 took 2 H100's all-reduce from 35.7 to 34.0 us, reduce-scatter from 26.8 to 23.2
    * and reduce from 27.9 to 19.5, 4 H100's level; 128 at 32 MB made 2 H100's reduce-scatter
-   * faster, 95.9 against 104.5, and 4 H100's all-gather slower, 115.0 against 104.0; more blocks
-   * made 2 MB slower) */
+   * faster, 95.9 against 104.5, but 4 H100's all-gather took 108-115 us against 99-108, as far
+   * apart as runs of one build: not taken until measured more; more blocks made 2 MB slower) */
   if (comm->device >= 0) {
     size_t few = bytes / (32 * 1024), many = bytes / (64 * 1024), most = bytes / (512 * 1024);
     nc = most > 64 ? most : many > 64 ? 64 : many > 32 ? many : few < 32 ? few : 32;
