@@ -353,7 +353,8 @@ int main(int argc, char** argv) {
   int dev = local % ndev;
   CU(cudaSetDevice(dev));
   /* --quick runs the first two counts, and the third where a forced LL direct or two-shot
-   * all-reduce or reduce-scatter takes fan steps with several lines a thread */
+   * all-reduce or reduce-scatter takes fan steps with several lines a thread (one datatype of each
+   * size: compute-sanitizer runs --quick too) */
   size_t counts[] = {1, 1031, 262147};
   maxBytes = counts[2] * 8 * nranks + 4096;
   CU(cudaMalloc((void**)&dIn, maxBytes));
@@ -396,10 +397,11 @@ int main(int argc, char** argv) {
     int fans = strcmp(protos[a], "ll") == 0 &&
                (strcmp(algos[a], "direct") == 0 || strcmp(algos[a], "twoshot") == 0);
     for (int f = 0; f < 8; f++) {
-      int nCounts = quick && !(fans && (f == 0 || f == 4)) ? 2 : 3;
       int isRed = f == 0 || f == 2 || f == 4;
       for (int dt = 0; dt < gcommNumTypes; dt++) {
-        if (!isRed && dt != 0 && dt != 6 && dt != 7 && dt != 8) continue;
+        int eachSize = dt == 0 || dt == 6 || dt == 7 || dt == 8;
+        if (!isRed && !eachSize) continue;
+        int nCounts = quick && !(fans && (f == 0 || f == 4) && eachSize) ? 2 : 3;
         for (int op = 0; op < (isRed ? NOPS : 1); op++) {
           if (quick && isRed && op > 0 && dt != 7 && dt != 6 && dt != gcommFloat8e4m3) continue;
           for (int c = 0; c < nCounts; c++)
