@@ -649,8 +649,8 @@ static __device__ void dataStep(const StepIo& io, int datatype, int op, bool ll,
   }
 }
 
-/* A fan step's data. On HIP one copy, called by every kernel: inlined into each of the five,
- * it made hipcc's compile of this file (clang 15, gfx90a) a fifth longer. */
+/* A fan step's data. On HIP one copy, called by every kernel, not inlined into each of the
+ * five: hipcc's compile of this file (clang 15, gfx90a) is the longest of the whole build. */
 #ifdef GCOMM_HIP
 #define FAN_INLINE __noinline__
 #else
