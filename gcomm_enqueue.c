@@ -314,6 +314,59 @@ gcommResult_t gcommSubmitParts(gcommComm_t comm, gcommOp_t* parts, int n, int fu
   return head == NULL ? gcommSuccess : submitOps(comm, head, tail, count, stream, where);
 }
 
+#define FUSED gcommNumFuncs /* the func of an operation fuseSelfPairs replaced */
+
+/* Whether op is a Send to this rank (func gcommFuncSend) or a Receive from it (gcommFuncRecv)
+ * that no profiler follows. */
+static int isSelf(gcommComm_t comm, const gcommOp_t* op, int func) {
+  return op->func == func && op->peer == comm->rank && op->profHandle == NULL;
+}
+
+/* The k-th Send of a group to this rank and its k-th Receive from it (NCCL's pairing) of equal
+ * bytes become one Copy from the send buffer to the receive buffer, in the Send's place: the data
+ * moves once, not through the rank's own FIFO and out again, in half the works (all-to-all and
+ * scatter written as groups of sends and receives hold such a pair). A pair of unequal bytes, and
+ * every pair after it, is left as called. Returns whether it fused any. */
+static int fuseSelfPairs(gcommComm_t comm) {
+  gcommOp_t *send = comm->groupHead, *recv = comm->groupHead, *copy;
+  int fused = 0;
+  for (;;) {
+    while (send && !isSelf(comm, send, gcommFuncSend)) send = send->next;
+    while (recv && !isSelf(comm, recv, gcommFuncRecv)) recv = recv->next;
+    if (!send || !recv ||
+        send->count * gcommTypeSize(send->datatype) != recv->count * gcommTypeSize(recv->datatype))
+      return fused;
+    gcommOp_t args = *send;
+    args.func = gcommFuncCopy;
+    args.recvbuff = recv->recvbuff;
+    if ((copy = buildOp(comm, &args, 0)) == NULL) return fused; /* left as called */
+    GCOMM_TRACE(GCOMM_SUBSYS_P2P, comm, "send to and receive from this rank of %zu %s: one copy",
+                send->count, gcommTypeNames[send->datatype]);
+    copy->next = send->next;
+    send->next = copy; /* the Send and the Receive become placeholders, unlinked by dropFused */
+    send->func = recv->func = FUSED;
+    send = copy->next;
+    recv = recv->next;
+    fused = 1;
+  }
+}
+
+/* Unlinks and releases the placeholders fuseSelfPairs left; returns the new tail. */
+static gcommOp_t* dropFused(gcommComm_t comm) {
+  gcommOp_t **at = &comm->groupHead, *tail = NULL;
+  while (*at != NULL) {
+    gcommOp_t* op = *at;
+    if (op->func == FUSED) {
+      *at = op->next;
+      gcommOpRelease(comm, op);
+    } else {
+      tail = op;
+      at = &op->next;
+    }
+  }
+  return tail;
+}
+
 gcommResult_t gcommGroupOpen(void) {
   groupDepth++;
   return gcommSuccess;
@@ -327,6 +380,7 @@ gcommResult_t gcommGroupClose(void) {
   while (groupComms != NULL) { /* one post per communicator: the group is one launch */
     gcommComm_t comm = groupComms;
     groupComms = comm->groupNext;
+    if (fuseSelfPairs(comm)) comm->groupTail = dropFused(comm);
     runAtOnce(comm, &comm->groupHead);
     int count = 0;
     gcommOp_t* tail = NULL;

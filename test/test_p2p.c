@@ -11,6 +11,7 @@
  *   nogroup    send/recv outside groups between rank pairs
  *   many       many messages of varied counts and types to one peer, matched in order, and
  *              a fan-in of several messages from every rank to rank 0
+ *   self       messages to this rank in one group, receives before and between their sends
  *   groups     several groups enqueued before one wait
  *   counts     zero, odd and large counts in a ring exchange
  *   ring       a bidirectional ring exchange in one group
@@ -165,6 +166,32 @@ static void testMany(gcommComm_t comm, const char* cname) {
   tlReport("p2p fan-in: every rank sends 3 messages to rank 0 [%s]", cname);
 }
 
+/* Messages to this rank in one group, receives called before their sends and between them, a
+ * ring exchange in the middle (from 2 ranks): the k-th receive from the rank gets its k-th send (a
+ * group runs each such pair as one copy). */
+static void testSelf(gcommComm_t comm, const char* cname) {
+  static const struct {
+    size_t count;
+    gcommDataType_t type;
+  } msgs[] = {{1031, gcommFloat32}, {7, gcommInt8}, {300007, gcommInt64}, {1, gcommFloat16}};
+  int right = (tlRank + 1) % tlNranks, left = (tlRank - 1 + tlNranks) % tlNranks;
+  planStart(&plan);
+  planAdd(&plan, 0, tlRank, msgs[0].count, msgs[0].type);
+  planAdd(&plan, 0, tlRank, msgs[1].count, msgs[1].type);
+  planAdd(&plan, 1, tlRank, msgs[0].count, msgs[0].type);
+  if (tlNranks > 1) { /* on one rank the ring's messages would be the rank's own too */
+    planAdd(&plan, 1, right, 4099, gcommFloat64);
+    planAdd(&plan, 0, left, 4099, gcommFloat64);
+  }
+  for (int m = 1; m < 4; m++) {
+    planAdd(&plan, 1, tlRank, msgs[m].count, msgs[m].type);
+    if (m >= 2) planAdd(&plan, 0, tlRank, msgs[m].count, msgs[m].type);
+  }
+  planIssue(&plan, 0, plan.nops, 1, comm);
+  waitAndVerify(&plan, comm, "self");
+  tlReport("p2p 4 messages to this rank in one group, receives first and between [%s]", cname);
+}
+
 /* Several groups, each a ring step, enqueued before one wait: they match in call order. */
 static void testGroups(gcommComm_t comm, const char* cname) {
   int right = (tlRank + 1) % tlNranks, left = (tlRank - 1 + tlNranks) % tlNranks;
@@ -267,8 +294,9 @@ static void testLines(gcommComm_t comm, const char* cname) {
       for (int m = 0; m < 100; m++) planAdd(&plan, even, peer, 1 + m % 12, gcommInt32);
       if (even == late) usleep(20000);
       planIssue(&plan, 0, plan.nops, 0, comm);
-      waitAndVerify(&plan, comm, late ? "lines behind a larger message, sender late"
-                                      : "lines behind a larger message, receiver late");
+      waitAndVerify(&plan, comm,
+                    late ? "lines behind a larger message, sender late"
+                         : "lines behind a larger message, receiver late");
     }
     tlReport("p2p 100 line-sized messages behind a larger one, outside groups, %s late [%s]",
              late ? "sender" : "receiver", cname);
@@ -300,6 +328,7 @@ int main(int argc, char** argv) {
     testPairs(comm, cname);
     testNoGroup(comm, cname);
     testMany(comm, cname);
+    testSelf(comm, cname);
     testGroups(comm, cname);
     testCounts(comm, cname);
     testRing(comm, cname);
