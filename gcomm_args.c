@@ -254,6 +254,20 @@ static gcommResult_t checkOwner(gcommComm_t comm, const char* where) {
                        last ? last : "none yet");
 }
 
+/* The error of a call on a communicator that async stopped: the error that stopped it, once (the
+ * communicator's last error may already be an earlier call's citation of it, with its tag). */
+static gcommResult_t citeStop(gcommComm_t comm, gcommResult_t async, const char* where) {
+  static const char stopped[] = "the communicator has stopped on an earlier error: ";
+  char first[sizeof(comm->lastError)], tag[64];
+  const char *from = comm->lastError, *cited;
+  while ((cited = strstr(from, stopped)) != NULL) from = cited + sizeof(stopped) - 1;
+  snprintf(first, sizeof(first), "%s", from);
+  size_t len = strlen(first),
+         tagLen = (size_t)snprintf(tag, sizeof(tag), " [%s]", gcommGetErrorString(async));
+  while (len >= tagLen && strcmp(first + len - tagLen, tag) == 0) first[len -= tagLen] = '\0';
+  return gcommSetError(comm, async, -1, where, "%s%s", stopped, first);
+}
+
 /* The checks of a call on a live communicator of this thread: its stream, and async, the error
  * that stopped it (gcommAsyncError) or success. */
 static gcommResult_t checkRunning(gcommComm_t comm, gcommStream_t stream, gcommResult_t async,
@@ -261,9 +275,7 @@ static gcommResult_t checkRunning(gcommComm_t comm, gcommStream_t stream, gcommR
   if (stream != NULL && comm->device < 0)
     return gcommSetError(comm, gcommInvalidArgument, -1, where,
                          "stream must be NULL on a host communicator");
-  if (async != gcommSuccess)
-    return gcommSetError(comm, async, -1, where,
-                         "the communicator has stopped on an earlier error: %s", comm->lastError);
+  if (async != gcommSuccess) return citeStop(comm, async, where);
   return gcommSuccess;
 }
 

@@ -12,7 +12,8 @@
  * abort   rank 0 is blocked in an all-reduce no other rank joins (one rank: a receive never
  *         matched), two threads wait on it, a third calls gcommCommAbort after 50 ms: both waits
  *         return gcommAborted within 100 ms (500 asserted; the real numbers are printed), then
- *         gcommTest and gcommCommGetAsyncError say gcommAborted; destroy succeeds
+ *         gcommTest and gcommCommGetAsyncError say gcommAborted, calls fail citing the abort
+ *         once (the same message each time); destroy succeeds
  * timeout GCOMM_TIMEOUT_MS=300 and a receive that is never matched: gcommWait fails with
  *         gcommTimeout or gcommRemoteError within a few seconds, and the message names the peer
  * misuse  two threads x 300 all-reduces on one communicator: no wrong result is returned as
@@ -461,6 +462,23 @@ static void* waitThread(void* arg) {
 /* Rank 0 is blocked in an all-reduce that no other rank joins (one rank: a receive from itself
  * that is never matched), waited on by two threads; a third aborts after 50 ms. Both waits must
  * return gcommAborted within 100 ms (asserted with a margin: 500 ms, for a loaded CI machine). */
+/* Calls on a stopped communicator fail with its error, cited once however many calls came
+ * before (each call's message is not the last one's with more around it). */
+static void citedOnce(gcommComm_t comm, int32_t* buf) {
+  char first[1024];
+  for (int i = 0; i < 3; i++) {
+    gcommResult_t res = gcommSend(buf, 1, gcommInt32, 0, comm, NULL);
+    const char* msg = gcommGetLastError(comm);
+    const char* cite = strstr(msg, "stopped on an earlier error");
+    if (res != gcommAborted || cite == NULL || strstr(cite + 1, "stopped on an earlier") != NULL)
+      tlFail("call %d after the abort: %s, \"%s\"", i, gcommGetErrorString(res), msg);
+    else if (i == 0)
+      snprintf(first, sizeof(first), "%s", msg);
+    else if (strcmp(msg, first) != 0)
+      tlFail("call %d after the abort: \"%s\", the first: \"%s\"", i, msg, first);
+  }
+}
+
 static void testAbort(int proxyMode, const char* what) {
   gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, "GCOMM_TIMEOUT_MS=30000", proxyMode);
   if (!tlReport("abort [%s]: init", what)) return;
@@ -492,6 +510,7 @@ static void testAbort(int proxyMode, const char* what) {
     else
       printf("# abort [%s]: 2 waits returned gcommAborted %.2f and %.2f ms after gcommCommAbort\n",
              what, ms[0], ms[1]);
+    citedOnce(comm, buf);
   }
   tlReport(
       "abort [%s]: 2 pending waits on a blocked %s return gcommAborted within 100 ms (500 "
