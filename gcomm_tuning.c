@@ -227,13 +227,13 @@ int gcommChooseChannels(gcommComm_t comm, int func, size_t bytes, int proto, int
   size_t nc = bytes / (4 * comm->slotBytes);
 #ifdef GCOMM_GPU
   /* a block per channel: up to 32 from 32 KB each; beyond 32 only once each gets 64 KB, beyond
-   * 64 once each gets 512 KB, a slot (nccl-tests with graphs, docs/PERF.md: 64 blocks at 4 MB
-   * instead of 32 took 2 H100's all-reduce from 35.7 to 34.0 us, reduce-scatter from 26.8 to 23.2
-   * and reduce from 27.9 to 19.5, 4 H100's level; 128 at 32 MB made 2 H100's reduce-scatter
-   * faster, 95.9 against 104.5, but 4 H100's all-gather took 108-115 us against 99-108, as far
-   * apart as runs of one build: not taken until measured more; more blocks made 2 MB slower) */
+   * 64 once each gets 256 KB (nccl-tests with graphs, docs/PERF.md: 64 blocks at 4 MB instead of
+   * 32 took 2 H100's all-reduce from 35.7 to 34.0 us, reduce-scatter from 26.8 to 23.2 and reduce
+   * from 27.9 to 19.5, 4 H100's level; 128 at 32 MB instead of 64, medians of 3 runs on 4 H200:
+   * reduce-scatter 121.2 -> 115.1, reduce 129.0 -> 118.4, all-to-all 111.8 -> 106.3, the rest
+   * within 1%; 2 H100's reduce-scatter 104.5 -> 95.9; more blocks made 2 MB slower) */
   if (comm->device >= 0) {
-    size_t few = bytes / (32 * 1024), many = bytes / (64 * 1024), most = bytes / (512 * 1024);
+    size_t few = bytes / (32 * 1024), many = bytes / (64 * 1024), most = bytes / (256 * 1024);
     nc = most > 64 ? most : many > 64 ? 64 : many > 32 ? many : few < 32 ? few : 32;
     /* LL: a block moves ~20 GB/s of payload (half of each line is flags), so an LL operation
      * spreads from 4 KB a channel (faster than 8 or 16 KB from 32 KB to 256 KB: docs/PERF.md), up
