@@ -10,6 +10,9 @@
 
 #include "gcomm_core.h"
 
+#define UNBUILT (-1)        /* the nWorks of a held operation not yet built (holdSlotOp) */
+#define FUSED gcommNumFuncs /* the func of an operation fuseSelfPairs replaced */
+
 static __thread int groupDepth;
 static __thread gcommComm_t groupComms; /* communicators with operations held by the group */
 
@@ -140,10 +143,14 @@ static void freeOps(gcommComm_t comm, gcommOp_t* head) {
  * stop. Then a Send or Recv whose payload fits one FIFO slot takes gcommSlotAtOnce (in a call: no
  * operation record at all); any operation whose one work is one step gcommWorkAtOnce. Each runs
  * only if ready now, else the operation takes the whole path. */
-static int mayRunAtOnce(gcommComm_t comm) {
-  return comm->device < 0 && __atomic_load_n(&comm->prof.mask, __ATOMIC_RELAXED) == 0 &&
+static int unwatched(gcommComm_t comm) {
+  return __atomic_load_n(&comm->prof.mask, __ATOMIC_RELAXED) == 0 &&
          (__atomic_load_n(&gcommTraceSubsys, __ATOMIC_RELAXED) &
-          (GCOMM_SUBSYS_P2P | GCOMM_SUBSYS_COLL)) == 0 &&
+          (GCOMM_SUBSYS_P2P | GCOMM_SUBSYS_COLL)) == 0;
+}
+
+static int mayRunAtOnce(gcommComm_t comm) {
+  return comm->device < 0 && unwatched(comm) &&
          __atomic_load_n(&comm->postedHead, __ATOMIC_ACQUIRE) == NULL && !gcommRevokeSeen(comm);
 }
 
@@ -181,9 +188,11 @@ static int slotAtOnce(gcommComm_t comm, const gcommOp_t* args) {
   return ran;
 }
 
-/* A built operation of one work of one step: gcommSlotAtOnce for a Send or Recv (the cheaper),
- * else gcommWorkAtOnce. Returns whether it ran. */
+/* A held Send or Recv not yet built (holdSlotOp): slotAtOnce; a built operation of one work of
+ * one step: gcommSlotAtOnce for a Send or Recv (the cheaper), else gcommWorkAtOnce. Returns
+ * whether it ran. */
 static int workAtOnce(gcommComm_t comm, gcommOp_t* op) {
+  if (op->nWorks == UNBUILT) return slotAtOnce(comm, op);
   if (op->nWorks != 1 || op->works[0].nSteps != 1 || !lockIdle(comm)) return 0;
   int ran = op->func == gcommFuncSend || op->func == gcommFuncRecv
                 ? gcommSlotAtOnce(comm, op, op->works[0].lane, op->peer, op->func == gcommFuncSend)
@@ -247,6 +256,41 @@ static gcommResult_t submitOps(gcommComm_t comm, gcommOp_t* head, gcommOp_t* tai
   return gcommSuccess;
 }
 
+/* A group's Send or Recv on a host communicator that fits one FIFO slot, with nothing watching:
+ * held as its arguments alone (nWorks UNBUILT), so that one which runs at once at the group's end
+ * never builds works (the usual exchange of one small send and receive); buildHeld builds the
+ * others there. Returns whether it held args. */
+static int holdSlotOp(gcommComm_t comm, const gcommOp_t* args) {
+  if (groupDepth == 0 || comm->device >= 0 ||
+      (args->func != gcommFuncSend && args->func != gcommFuncRecv) ||
+      args->count * gcommTypeSize(args->datatype) > comm->slotBytes || !unwatched(comm))
+    return 0;
+  gcommOp_t* op = gcommOpAlloc(comm, 1);
+  if (op == NULL) return 0; /* built, and its failure reported, as any other */
+  int pooled = op->pooled;
+  *op = *args;
+  op->pooled = pooled;
+  op->nWorks = UNBUILT;
+  op->next = NULL;
+  submitOps(comm, op, op, 1, NULL, NULL);
+  return 1;
+}
+
+/* Builds the group's held operations still unbuilt, each in its place. */
+static gcommResult_t buildHeld(gcommComm_t comm) {
+  for (gcommOp_t** at = &comm->groupHead; *at != NULL; at = &(*at)->next) {
+    gcommOp_t* held = *at;
+    if (held->nWorks != UNBUILT) continue;
+    gcommOp_t* op = buildOp(comm, held, 0);
+    if (op == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+    traceOp(comm, op);
+    op->next = held->next;
+    *at = op;
+    gcommOpRelease(comm, held);
+  }
+  return gcommSuccess;
+}
+
 gcommResult_t gcommEnqueue(gcommComm_t comm, gcommOp_t* args, gcommStream_t stream,
                            const char* where) {
   /* groupComms: the last communicator whose operations the open group holds (NULL: none) */
@@ -266,6 +310,7 @@ gcommResult_t gcommEnqueueChecked(gcommComm_t comm, gcommOp_t* args, gcommStream
   }
   GCOMM_CHECK(gcommCheckArgs(comm, args, where));
   if (groupDepth == 0 && mayRunAtOnce(comm) && slotAtOnce(comm, args)) return gcommSuccess;
+  if (holdSlotOp(comm, args)) return gcommSuccess;
   gcommOp_t* op = buildOp(comm, args, 0);
   if (op == NULL) return gcommSetError(comm, gcommSystemError, -1, where, "out of memory");
   traceOp(comm, op);
@@ -313,8 +358,6 @@ gcommResult_t gcommSubmitParts(gcommComm_t comm, gcommOp_t* parts, int n, int fu
   }
   return head == NULL ? gcommSuccess : submitOps(comm, head, tail, count, stream, where);
 }
-
-#define FUSED gcommNumFuncs /* the func of an operation fuseSelfPairs replaced */
 
 /* Whether op is a Send to this rank (func gcommFuncSend) or a Receive from it (gcommFuncRecv)
  * that no profiler follows. */
@@ -382,10 +425,14 @@ gcommResult_t gcommGroupClose(void) {
     groupComms = comm->groupNext;
     if (fuseSelfPairs(comm)) comm->groupTail = dropFused(comm);
     runAtOnce(comm, &comm->groupHead);
+    gcommResult_t r = buildHeld(comm);
+    if (r != gcommSuccess) {
+      freeOps(comm, comm->groupHead);
+      comm->groupHead = NULL;
+    }
     int count = 0;
     gcommOp_t* tail = NULL;
     for (gcommOp_t* op = comm->groupHead; op; op = op->next) count++, tail = op;
-    gcommResult_t r = gcommSuccess;
 #ifdef GCOMM_GPU
     if (comm->device >= 0) {
       r = launchOps(comm, comm->groupHead, count, comm->groupStream);
