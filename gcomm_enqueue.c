@@ -365,19 +365,27 @@ static int isSelf(gcommComm_t comm, const gcommOp_t* op, int func) {
   return op->func == func && op->peer == comm->rank && op->profHandle == NULL;
 }
 
+/* Whether bytes at a and bytes at b share no byte (a copy between them is a memcpy). */
+static int disjoint(const void* a, const void* b, size_t bytes) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x + bytes <= y || y + bytes <= x;
+}
+
 /* The k-th Send of a group to this rank and its k-th Receive from it (NCCL's pairing) of equal
  * bytes become one Copy from the send buffer to the receive buffer, in the Send's place: the data
  * moves once, not through the rank's own FIFO and out again, in half the works (all-to-all and
- * scatter written as groups of sends and receives hold such a pair). A pair of unequal bytes, and
- * every pair after it, is left as called. Returns whether it fused any. */
+ * scatter written as groups of sends and receives hold such a pair). A pair of unequal bytes or
+ * of buffers that overlap, and every pair after it, is left as called. Returns whether it fused
+ * any. */
 static int fuseSelfPairs(gcommComm_t comm) {
   gcommOp_t *send = comm->groupHead, *recv = comm->groupHead, *copy;
   int fused = 0;
   for (;;) {
     while (send && !isSelf(comm, send, gcommFuncSend)) send = send->next;
     while (recv && !isSelf(comm, recv, gcommFuncRecv)) recv = recv->next;
-    if (!send || !recv ||
-        send->count * gcommTypeSize(send->datatype) != recv->count * gcommTypeSize(recv->datatype))
+    size_t bytes = send ? send->count * gcommTypeSize(send->datatype) : 0;
+    if (!send || !recv || bytes != recv->count * gcommTypeSize(recv->datatype) ||
+        !disjoint(send->sendbuff, recv->recvbuff, bytes))
       return fused;
     gcommOp_t args = *send;
     args.func = gcommFuncCopy;
