@@ -45,6 +45,16 @@ static void workPlace(gcommComm_t comm, const gcommOp_t* op, int c, gcommWork_t*
   }
 }
 
+/* A record of room for nWorks works holding args (its own pool mark kept). */
+static gcommOp_t* newOp(gcommComm_t comm, const gcommOp_t* args, int nWorks) {
+  gcommOp_t* op = gcommOpAlloc(comm, nWorks);
+  if (op == NULL) return NULL;
+  int pooled = op->pooled;
+  *op = *args;
+  op->pooled = pooled;
+  return op;
+}
+
 /* Splits a checked operation into its works: one per channel, each a contiguous slice
  * (chanOff, chanCount). Collectives use the collective channels; a Send/Recv uses the
  * point-to-point channels, as many as its byte count gives (the same on both sides); a part of a
@@ -57,11 +67,8 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int nParts) {
   size_t bytes = args->count * esz * (args->func >= gcommFuncAllGather && !isP2p ? n : 1);
   int algo, proto, nch;
   choose(comm, args->func, bytes, nParts, &algo, &proto, &nch);
-  gcommOp_t* op = gcommOpAlloc(comm, nch);
+  gcommOp_t* op = newOp(comm, args, nch);
   if (op == NULL) return NULL;
-  int pooled = op->pooled;
-  *op = *args;
-  op->pooled = pooled;
   op->callFunc = args->func;
   op->algo = algo;
   op->proto = proto;
@@ -265,11 +272,8 @@ static int holdSlotOp(gcommComm_t comm, const gcommOp_t* args) {
       (args->func != gcommFuncSend && args->func != gcommFuncRecv) ||
       args->count * gcommTypeSize(args->datatype) > comm->slotBytes || !unwatched(comm))
     return 0;
-  gcommOp_t* op = gcommOpAlloc(comm, 1);
+  gcommOp_t* op = newOp(comm, args, 1);
   if (op == NULL) return 0; /* built, and its failure reported, as any other */
-  int pooled = op->pooled;
-  *op = *args;
-  op->pooled = pooled;
   op->nWorks = UNBUILT;
   op->next = NULL;
   submitOps(comm, op, op, 1, NULL, NULL);
