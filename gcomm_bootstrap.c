@@ -216,6 +216,23 @@ static void chooseProxyMode(gcommComm_t comm) {
     comm->params.proxyMode = GCOMM_PROXY_POLL;
 }
 
+/* How long a wait spins before it yields the CPU. A rank that waits on a ring of others (each
+ * call waits for the one before it) yields its core after GCOMM_UNTIMED_POLLS polls unless it
+ * spins: every yield is a system call that the data arriving meanwhile waits out, and a ring adds
+ * up its ranks' delays, so that small send/recv grew with the ranks (16 cores, MPICH's
+ * `-bind-to core`, 8 B: 0.55 us at 4 ranks, 0.9-1.5 at 15; spinning 20 us first: 0.61-0.70 at
+ * 15, level with MPICH: docs/PERF.md), as MPI libraries spin before they yield. Only where every
+ * rank of the node has a CPU: ranks that share one take turns, and a spin holds the CPU from the
+ * rank it waits for. CPUs: those the process may run on, or, where it is bound to one (as
+ * `-bind-to core` does), the machine's, the launcher having placed the other ranks. */
+static void chooseWaitSpin(gcommComm_t comm) {
+  cpu_set_t cpus;
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  long mine = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : online;
+  long usable = mine > 1 ? mine : online;
+  comm->waitSpinUs = comm->nLocal <= usable ? (uint64_t)comm->params.waitSpinUs : 0;
+}
+
 /* The build's transports, in setup order, before any of them makes anything: a failed setup
  * frees whatever each made (commFree). The network asks the core where a receive may land. */
 static void addTransports(gcommComm_t comm) {
@@ -406,6 +423,7 @@ gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
   GCOMM_CHECK(setupIdentity(comm, config, &hostId));
   GCOMM_CHECK(setupShape(comm, config, hostId));
   chooseProxyMode(comm);
+  chooseWaitSpin(comm);
   GCOMM_CHECK(exchangeCards(comm, hostId));
   GCOMM_CHECK(checkShapeAgrees(comm, hostId));
   GCOMM_CHECK(connectTransports(comm));
@@ -413,9 +431,10 @@ gcommResult_t gcommCommSetup(gcommComm_t comm, const gcommConfig_t* config) {
   if (comm->params.dumpSignal > 0) gcommInstallDumpSignal(comm);
   GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
              "comm \"%s\" rank %d/%d: %d local ranks, %d channels, %zu-byte FIFO slots, proxy "
-             "%s, pid %d",
+             "%s, waits spin %llu us, pid %d",
              comm->name, comm->rank, comm->nranks, comm->nLocal, comm->nChannels, comm->slotBytes,
-             gcommProxyModeNames[comm->params.proxyMode], (int)getpid());
+             gcommProxyModeNames[comm->params.proxyMode], (unsigned long long)comm->waitSpinUs,
+             (int)getpid());
   gcommTuningPrint(comm);
   gcommProfInit(comm); /* late: a failing setup has no profiler to finalize */
 #ifdef GCOMM_GPU

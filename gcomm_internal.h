@@ -110,6 +110,7 @@ typedef struct {
   int64_t appendFreq;    /* GCOMM_PROGRESS_APPENDOP_FREQ */
   int64_t appendBatch;   /* GCOMM_PROXY_APPEND_BATCH_SIZE */
   int64_t dumpSignal;    /* GCOMM_PROXY_DUMP_SIGNAL */
+  int64_t waitSpinUs;    /* GCOMM_WAIT_SPIN_US */
   int64_t timeoutMs;     /* GCOMM_TIMEOUT_MS */
   int64_t checkMismatch; /* GCOMM_CHECK_MISMATCH */
   int64_t p2pDisable;    /* GCOMM_P2P_DISABLE (GPU builds) */
@@ -638,6 +639,9 @@ struct gcommComm {
     int nParts, algo, proto, nChannels;
   } choice[gcommNumFuncs];
   uint64_t livenessNs; /* when the engine last probed the local ranks' pids */
+  /* How long a wait that drives the engine spins before it yields the CPU: GCOMM_WAIT_SPIN_US
+   * where the node has a CPU for each of its ranks, else 0 (gcomm_bootstrap.c chooseWaitSpin) */
+  uint64_t waitSpinUs;
   /* why this rank stopped, as gcommPublishStop tells the other ranks (code atomic, 0 until then,
    * written after msg; the first stays) */
   int stopCode;

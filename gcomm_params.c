@@ -74,6 +74,10 @@ static const gcommParamDef_t paramTable[] = {
      "most operations fetched at once", LOCAL},
     {"GCOMM_PROXY_DUMP_SIGNAL", "0", PARAM_INT, PARAM_AT(dumpSignal), NULL, 0, 64,
      "on this signal, print every active operation, its state and counters (0: off)", LOCAL},
+    {"GCOMM_WAIT_SPIN_US", "20", PARAM_INT, PARAM_AT(waitSpinUs), NULL, 0, 1000000,
+     "host communicators: microseconds a wait spins before it yields the CPU, where the node has "
+     "a CPU for each of its ranks (more ranks than CPUs: it yields at once)",
+     LOCAL},
     {"GCOMM_TIMEOUT_MS", "300000", PARAM_INT, PARAM_AT(timeoutMs), NULL, 1, INT64_MAX / 1000000,
      "deadline of every wait, in milliseconds", LOCAL},
     {"GCOMM_CHECK_MISMATCH", "1", PARAM_INT, PARAM_AT(checkMismatch), NULL, 0, 1,

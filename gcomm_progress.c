@@ -664,7 +664,7 @@ static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int d
         continue;
       }
     }
-    if (spins < GCOMM_UNTIMED_POLLS) { /* then the back-off yields at once */
+    if (spins < GCOMM_UNTIMED_POLLS) { /* then the clock's: spin comm->waitSpinUs, then yield */
       spins++;
       gcommCpuRelax();
       continue;
@@ -694,7 +694,7 @@ static gcommResult_t waitDone(gcommComm_t comm, uint64_t target, int poll, int d
           (unsigned long long)(target - __atomic_load_n(&comm->opsDone, __ATOMIC_ACQUIRE)),
           (long long)comm->params.timeoutMs);
     if (ran) {
-      hostBackoff(&idleSince, 0, mayNap);
+      hostBackoff(&idleSince, comm->waitSpinUs, mayNap);
     } else if (hostBackoff(&idleSince, 0, 1) > 1000) {
       /* long waits sleep until the engine finishes something (or 1 ms, to see aborts) */
       struct timespec ts = gcommDeadlineIn(1000000);

@@ -1,20 +1,25 @@
 /*
  * test_knobs.c - the proxy's knobs (GCOMM_SHM_USE_CUDA_MEMCPY, GCOMM_SHM_MEMCPY_MODE,
- * GCOMM_SHM_LOCALITY, GCOMM_CREATE_THREAD_CONTEXT, GCOMM_GDRCOPY_*) on the host side:
+ * GCOMM_SHM_LOCALITY, GCOMM_CREATE_THREAD_CONTEXT, GCOMM_GDRCOPY_*) and the waits' spin
+ * (GCOMM_WAIT_SPIN_US) on the host side:
  * - every valid value is read as itself and every invalid one leaves the default;
- * - ranks that differ on the knobs that need not agree (the context, gdrcopy) still init and run
- *   all-reduces and all-gathers that match MPI's (test_errors checks that the others must agree);
+ * - ranks that differ on the knobs that need not agree (the context, gdrcopy, the spin) still init
+ *   and run all-reduces and all-gathers that match MPI's (test_errors checks that the others must
+ *   agree), and a communicator spins only where the node has a CPU for each of its ranks;
  * - gcomm_gdr.c over a stand-in gdrcopy (test/gdr/fake_gdrapi.c, built beside this program): a
  *   mapping written through shows at the address pinned, everything pinned is undone at close,
  *   and each failure says why: no library, a library without gdr_*, gdr_open failing (no
  *   kernel module), a range that is not whole GPU pages.
  * A host communicator ignores the GPU knobs; test/gpu/run.sh (stage shmce) runs GPU ones.
  */
+#define _GNU_SOURCE
 #include <libgen.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <dlfcn.h>
 
@@ -38,6 +43,12 @@ static const knob_t knobs[] = {
     {"GCOMM_CREATE_THREAD_CONTEXT", AT(threadContext), {"0", "1"}, {0, 1}, {"2", "on"}, 0},
     {"GCOMM_GDRCOPY_SYNC_ENABLE", AT(gdrSync), {"0", "1"}, {0, 1}, {"7", "1k"}, 0},
     {"GCOMM_GDRCOPY_FLUSH_ENABLE", AT(gdrFlush), {"0", "1"}, {0, 1}, {"-3", "0x"}, 0},
+    {"GCOMM_WAIT_SPIN_US",
+     AT(waitSpinUs),
+     {"0", "5", "1000000"},
+     {0, 5, 1000000},
+     {"-1", "2000000", "fast"},
+     20},
 };
 #define NKNOBS ((int)(sizeof(knobs) / sizeof(knobs[0])))
 
@@ -104,17 +115,28 @@ static void testLocalDiffer(void) {
   snprintf(env, sizeof(env),
            "GCOMM_SHM_USE_CUDA_MEMCPY=1 GCOMM_SHM_MEMCPY_MODE=2 GCOMM_SHM_LOCALITY=1 "
            "GCOMM_CREATE_THREAD_CONTEXT=%d GCOMM_GDRCOPY_SYNC_ENABLE=%d "
-           "GCOMM_GDRCOPY_FLUSH_ENABLE=%d GCOMM_GDRCOPY_LIBRARY=/nonexistent/libgdrapi.so.2",
-           tlRank % 2, (tlRank + 1) % 2, tlRank % 2);
+           "GCOMM_GDRCOPY_FLUSH_ENABLE=%d GCOMM_GDRCOPY_LIBRARY=/nonexistent/libgdrapi.so.2 "
+           "GCOMM_WAIT_SPIN_US=%d",
+           tlRank % 2, (tlRank + 1) % 2, tlRank % 2, tlRank % 2 ? 0 : 50);
   gcommComm_t comm = tlCommInitEnv(MPI_COMM_WORLD, env, -1);
   if (comm != NULL) {
+    cpu_set_t mine; /* the CPUs of this process, or the machine's where it is bound to one */
+    long cpus = sched_getaffinity(0, sizeof(mine), &mine) == 0 && CPU_COUNT(&mine) > 1
+                    ? CPU_COUNT(&mine)
+                    : sysconf(_SC_NPROCESSORS_ONLN);
+    uint64_t spin = tlRank % 2 || comm->nLocal > cpus ? 0 : 50;
+    if (comm->waitSpinUs != spin)
+      tlFail("GCOMM_WAIT_SPIN_US=%d, %d local ranks, %ld CPUs: waits spin %llu us, not %llu",
+             tlRank % 2 ? 0 : 50, comm->nLocal, cpus, (unsigned long long)comm->waitSpinUs,
+             (unsigned long long)spin);
     for (int i = 0; i < 3; i++) checkCollectives(comm, tlHash3(tlSeed, 7, (uint64_t)i));
     tlBarrier(MPI_COMM_WORLD);
     tlCommDestroy(comm);
   }
   tlReport(
-      "knobs: ranks differing on GCOMM_CREATE_THREAD_CONTEXT and GCOMM_GDRCOPY_* init and "
-      "match MPI's all-reduce and all-gather");
+      "knobs: ranks differing on GCOMM_CREATE_THREAD_CONTEXT, GCOMM_GDRCOPY_* and "
+      "GCOMM_WAIT_SPIN_US init and match MPI's all-reduce and all-gather; waits spin where each "
+      "local rank has a CPU");
 }
 
 /* ---- gcomm_gdr.c over the stand-in library ---- */
