@@ -68,7 +68,8 @@ typedef enum {
   gcommAlgoTree,
   gcommAlgoDirect,
   gcommAlgoTwoShot, /* AllReduce: a direct reduce-scatter, then a direct all-gather */
-  gcommAlgoRecDbl,  /* AllGather: recursive doubling, log2(n) exchanges (small, 2^k ranks) */
+  gcommAlgoRecDbl,  /* AllGather: ceil(log2 n) exchanges: recursive doubling on 2^k ranks, Bruck's
+                       dissemination on others (small) */
   gcommNumAlgos
 } gcommAlgo_t;
 
@@ -188,14 +189,19 @@ GCOMM_HD int gcommLog2(int n) {
   return l;
 }
 
-/* Recursive doubling exchanges whole groups of blocks, each one contiguous slot: it runs where
- * the ranks are a power of two, the channel holds the whole block (one round) and the largest
- * group, n/2 blocks, fits a slot. Elsewhere its collective runs direct, which every rank decides
- * alike from the schedule's shared fields. */
+/* Whether n is a power of two: recursive doubling's own pairs, else the dissemination pattern. */
+GCOMM_HD int gcommIsPow2(int n) {
+  return (n & (n - 1)) == 0;
+}
+
+/* Recursive doubling (and, on other rank counts, the dissemination pattern) exchanges whole
+ * groups of blocks, each one contiguous slot: it runs where the channel holds the whole block
+ * (one round) and the largest group, 2^(ceil(log2 n) - 1) blocks (n/2 on 2^L ranks), fits a slot.
+ * Elsewhere its collective runs direct, which every rank decides alike from the schedule's shared
+ * fields. */
 GCOMM_HD int gcommRecDblFits(const gcommSched_t* s) {
-  int n = s->nranks;
-  return (n & (n - 1)) == 0 && s->chanOff == 0 && s->chanCount == s->count &&
-         s->count * (size_t)(n / 2) <= s->chunk;
+  int n = s->nranks, most = n < 2 ? 1 : 1 << (gcommLog2(n) - 1);
+  return s->chanOff == 0 && s->chanCount == s->count && s->count * (size_t)most <= s->chunk;
 }
 
 /* The kernels carry only the schedules GPU communicators run. Recursive doubling is a host
@@ -236,9 +242,10 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
     case gcommFuncReduce:
       return (s->algo == gcommAlgoDirect && r == s->root) ? n : 1;
     case gcommFuncAllGather:
-      return GCOMM_SCHED_HOST_ALGOS && algo == gcommAlgoRecDbl ? 2 * gcommLog2(n)
-             : algo == gcommAlgoDirect                         ? 2 * n - 1
-                                                               : n;
+      return GCOMM_SCHED_HOST_ALGOS && algo == gcommAlgoRecDbl
+                 ? (gcommIsPow2(n) ? 2 : 4) * gcommLog2(n)
+             : algo == gcommAlgoDirect ? 2 * n - 1
+                                       : n;
     case gcommFuncReduceScatter:
       if (s->algo != gcommAlgoDirect) return n;
       return s->fan ? 1 : gcommDirectReduceSteps(n);
@@ -668,6 +675,38 @@ GCOMM_HD void gcommStepAllGatherRecDbl(const gcommSched_t* s, const gcommRound_t
   }
 }
 
+/* Dissemination AllGather (Bruck's) on any n, the whole block in one round (gcommRecDblFits).
+ * Before exchange k (0 <= k < ceil(log2 n)) rank r holds the 2^k blocks r .. r + 2^k - 1 (mod n)
+ * of its output; it sends the first m = min(2^k, n - 2^k) of them to r - 2^k and receives the m
+ * blocks of r + 2^k (r + 2^k .. r + 2^k + m - 1) into its output, after which it holds 2^(k+1),
+ * all n after the last. A range that passes block n - 1 goes on at block 0, so an exchange takes
+ * four steps: the send of the range's part up to the end of the output, then of its part from
+ * block 0, then the two receives alike. An empty part is a step that does nothing, on both sides
+ * (the sender's range is the receiver's). At k = 0 the send is r's own input, written to output
+ * block r on the way. ceil(log2 n) exchanges against the ring's n - 1 steps; a receive waits only
+ * on the partner's send of the same exchange, which follows only its own earlier exchanges: no
+ * deadlock. In place, output block r is the input, and nothing writes it. */
+GCOMM_HD void gcommStepAllGatherBruck(const gcommSched_t* s, const gcommRound_t* q,
+                                      gcommStep_t* st) {
+  int n = s->nranks, r = s->rank, k = (int)(q->t / 4), part = (int)(q->t % 4), d = 1 << k;
+  int m = d < n - d ? d : n - d, recv = part >= 2;
+  int first = recv ? (r + d) % n : r, end = first + m; /* the range, before it wraps */
+  int from = part % 2 == 0 ? first : 0;
+  int blocks = part % 2 == 0 ? (end < n ? end : n) - first : (end > n ? end - n : 0);
+  st->count = 0;
+  if (blocks == 0) return;
+  st->count = q->c * (size_t)blocks;
+  st->dstOff = st->srcOff = (size_t)from * s->count;
+  if (recv) {
+    st->recvPeer[0] = first;
+    st->dst = GCOMM_BUF_OUT;
+  } else {
+    st->sendPeer[0] = gcommMod(r - d, n);
+    st->src = k == 0 ? GCOMM_BUF_IN : GCOMM_BUF_OUT;
+    if (k == 0) st->srcOff = 0, st->dst = GCOMM_BUF_OUT;
+  }
+}
+
 /* Ring ReduceScatter, ranks in a ring r -> r+1: at step t (0 <= t <= n-1) rank r works on block
  * k = (r - 1 - t) mod n. At t = 0 it sends block k of its input to r+1; at t > 0 it receives from
  * r-1 the partial result of block k, combines block k of its own input with it, and sends it on;
@@ -779,8 +818,10 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
     case gcommFuncAllGather: /* direct: every rank sends the same block to all */
       if (algo == gcommAlgoRing)
         gcommStepAllGatherRing(s, &q, st);
-      else if (GCOMM_SCHED_HOST_ALGOS && algo == gcommAlgoRecDbl)
+      else if (GCOMM_SCHED_HOST_ALGOS && algo == gcommAlgoRecDbl && gcommIsPow2(n))
         gcommStepAllGatherRecDbl(s, &q, st);
+      else if (GCOMM_SCHED_HOST_ALGOS && algo == gcommAlgoRecDbl)
+        gcommStepAllGatherBruck(s, &q, st);
       else
         gcommDirectExchange(r, n, q.t, 0, s->count, q.off, st);
       return;

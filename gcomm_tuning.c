@@ -110,8 +110,11 @@ static double predictGpuUs(int func, int algo, int proto, int n, double bytes, i
  *   form, whose root makes n-1 sends or receives one after another (16 ranks, broadcast 8 B:
  *   2.6 us).
  * - AllGather: recursive doubling on 4, 8, 16, ... ranks up to 128 KB in all (16 ranks, 2 KB: 4.8
- *   us against the direct exchange's 8.1 and the ring's 11.2); beyond, the model (the direct
- *   exchange and the ring were level within the runs' spread).
+ *   us against the direct exchange's 8.1 and the ring's 11.2), and its dissemination form on the
+ *   other counts from 9 ranks (medians of 3 runs, 30 ranks, 4 KB: 6.5 us against the model's
+ *   13.6, 64 KB: 24.8 against 33.0; 12 ranks, 1 KB: 3.9 against 5.6; 10 ranks level; 3 ranks
+ *   slower, 1.4 us against 1.1); beyond, the model (the direct exchange and the ring were level
+ *   within the runs' spread).
  * - ReduceScatter: the direct exchange up to 16 KB (16 ranks, 8 KB: 8.8 us against the ring's
  *   11.6), the ring beyond (32 KB, beside the model's direct exchange: 21.0-23.8 us against
  *   31.1-32.2; 2 MB: 440 against 764). */
@@ -127,7 +130,7 @@ static int hostNodeAlgo(gcommComm_t comm, int func, size_t bytes) {
     case gcommFuncReduce:
       return n > 8 && bytes <= HOST_TREE_MAX_BYTES ? gcommAlgoTree : gcommAlgoRing;
     case gcommFuncAllGather:
-      return (n & (n - 1)) == 0 && bytes <= HOST_RECDBL_MAX_BYTES ? gcommAlgoRecDbl : -1;
+      return (gcommIsPow2(n) || n > 8) && bytes <= HOST_RECDBL_MAX_BYTES ? gcommAlgoRecDbl : -1;
     case gcommFuncReduceScatter:
       return bytes <= HOST_DIRECT_RS_MAX_BYTES ? gcommAlgoDirect : gcommAlgoRing;
     default:

@@ -247,12 +247,12 @@ def check_one(tool, coll, algo, n, count, chunk, root):
 
 # (count, chunk, rank counts, roots of n ranks): the default (one round, a block per rank) on
 # every rank count and root first, middle and last; a slot of 4 elements (recursive doubling runs
-# on 2, 4 and 8 ranks, direct on the others); several rounds of uneven blocks; more rounds than a
-# FIFO has slots; recursive doubling's largest group filling a slot exactly
+# on 2, 4 and 8 ranks, its dissemination form on 3, 5, 6 and 7); several rounds of uneven blocks;
+# more rounds than a FIFO has slots; recursive doubling's largest group filling a slot exactly
 SIZES = [
     (0, 0, range(1, MAX_RANKS + 1), lambda n: sorted({0, n // 2, n - 1})),
     (0, 4, range(1, MAX_RANKS + 1), lambda n: [n - 1]),
-    (7, 28, (2, 4, 8), lambda n: [n - 1]),
+    (7, 28, (2, 3, 4, 5, 6, 8), lambda n: [n - 1]),
     (7, 3, (3, 5, 8), lambda n: [n - 1]),
     (20, 2, (3, 5, 8), lambda n: [n - 1]),
 ]

@@ -41,14 +41,20 @@ check "an algorithm a collective lacks is named with the one gcomm runs" \
   run 0 "$tool" --coll allgather --algo tree -n 3
 check "... (allgather tree runs ring)" has "algorithm ring (allgather has no tree: gcomm runs this)"
 
-# recursive doubling: exchange k swaps groups of 2^k blocks with rank r ^ 2^k; where it does not fit,
-# direct runs and the header says why
+# recursive doubling: exchange k swaps groups of 2^k blocks with rank r ^ 2^k (on other rank counts
+# the dissemination pattern: r sends its 2^k blocks to r - 2^k); where it does not fit, direct runs
+# and the header says why
 check "recdbl all-gather on 4 ranks: exit 0" run 0 "$tool" --coll allgather --algo recdbl -n 4 --chunk 2
 check "recdbl all-gather: 4 rounds" has "algorithm recdbl: 4 rounds, a rank runs at most 4 steps"
 check "recdbl all-gather: exchange 1 sends a rank's pair of blocks to r ^ 2" \
   grep -qE '^ +2 \| out\[0\.\.1\] -> send 2 +\| out\[0\.\.1\] -> send 3 +\| out\[2\.\.3\] -> send 0 ' "$tmp/out"
-check "recdbl all-gather on 3 ranks runs direct: exit 0" \
-  run 0 "$tool" --coll allgather --algo recdbl -n 3
+check "recdbl all-gather on 5 ranks (dissemination): exit 0" \
+  run 0 "$tool" --coll allgather --algo recdbl -n 5 --chunk 4
+check "... 3 exchanges of 4 steps" has "algorithm recdbl: 12 rounds, a rank runs at most 12 steps"
+check "... exchange 1 sends blocks r, r+1 to r - 2, split where they pass block 4" \
+  grep -qE '^ +5 \| .*\| out\[0\] -> send 2 *$' "$tmp/out"
+check "recdbl all-gather on 3 ranks, 2 blocks not in a chunk, runs direct: exit 0" \
+  run 0 "$tool" --coll allgather --algo recdbl -n 3 --chunk 1
 check "... (says recdbl does not fit)" has "algorithm direct (recdbl does not fit"
 
 # every picture is XML: every collective's on 5 ranks, the all-reduce's on 1 and 2 too

@@ -308,7 +308,8 @@ static void printHeader(const schedule_t* s) {
     if (s->first[r + 1] - s->first[r] > most) most = s->first[r + 1] - s->first[r];
   printf("# %s on %d ranks, algorithm %s", colls[o->coll].title, o->n, algoNames[s->algo]);
   if (s->algo != o->algo && gcommSchedAlgo(colls[o->coll].func, o->algo) == o->algo)
-    printf(" (%s does not fit: it needs 2^k ranks and n/2 blocks in a chunk)", algoNames[o->algo]);
+    printf(" (%s does not fit: it needs 2^(ceil(log2 n) - 1) blocks in a chunk)",
+           algoNames[o->algo]);
   else if (s->algo != o->algo)
     printf(" (%s has no %s: gcomm runs this)", colls[o->coll].name, algoNames[o->algo]);
   printf(": %ld round%s, a rank runs at most %ld step%s\n", s->nRounds, s->nRounds == 1 ? "" : "s",
