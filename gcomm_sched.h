@@ -160,7 +160,7 @@ GCOMM_HD size_t gcommMinSize(size_t a, size_t b) {
 GCOMM_HD int gcommSchedAlgo(int func, int algo) {
   switch (func) {
     case gcommFuncAllReduce:
-      return algo == gcommAlgoRecDbl ? gcommAlgoDirect : algo;
+      return algo;
     case gcommFuncBroadcast:
     case gcommFuncReduce: /* two-shot is AllReduce's: the others' direct form is their one shot */
       return algo == gcommAlgoTwoShot || algo == gcommAlgoRecDbl ? gcommAlgoDirect : algo;
@@ -214,11 +214,25 @@ GCOMM_HD int gcommRecDblFits(const gcommSched_t* s) {
 #define GCOMM_SCHED_HOST_ALGOS 1
 #endif
 
-/* The algorithm a channel runs: its operation's, except recursive doubling where it does not fit
- * (gcommRecDblFits). */
+/* The algorithm a channel runs: its operation's, except an all-gather's recursive doubling where
+ * it does not fit (gcommRecDblFits). */
 GCOMM_HD int gcommSchedChannelAlgo(const gcommSched_t* s) {
   if (!GCOMM_SCHED_HOST_ALGOS) return s->algo;
-  return s->algo == gcommAlgoRecDbl && !gcommRecDblFits(s) ? gcommAlgoDirect : s->algo;
+  return s->func == gcommFuncAllGather && s->algo == gcommAlgoRecDbl && !gcommRecDblFits(s)
+             ? gcommAlgoDirect
+             : s->algo;
+}
+
+/* Recursive doubling's AllReduce on n ranks, p = 2^floor(log2 n) of which exchange: the first
+ * 2(n - p) pair up, the even one of each pair handing its input to the odd one and getting the
+ * result back. A rank's place among the p (-1: it hands over), and the rank at a place. */
+GCOMM_HD int gcommRecDblPlace(int r, int n) {
+  int e = n - (1 << (gcommLog2(n + 1) - 1));
+  return r >= 2 * e ? r - e : r % 2 ? r / 2 : -1;
+}
+GCOMM_HD int gcommRecDblRank(int v, int n) {
+  int e = n - (1 << (gcommLog2(n + 1) - 1));
+  return v < e ? 2 * v + 1 : v + e;
 }
 
 /* Steps of a direct reduction (gcommDirectReduce): n-1 sends, then the n-1 receives two a step. */
@@ -236,6 +250,10 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
         return s->algo == gcommAlgoDirect ? 1 : 2;
       if (s->algo == gcommAlgoDirect) return n == 2 ? 2 : 2 * ((n + 1) / 2);
       if (s->algo == gcommAlgoTwoShot) return 2 * gcommDirectReduceSteps(n);
+      if (GCOMM_SCHED_HOST_ALGOS && s->algo == gcommAlgoRecDbl) {
+        int e = n - (1 << (gcommLog2(n + 1) - 1)), v = gcommRecDblPlace(r, n);
+        return v < 0 ? 2 : 2 * gcommLog2(n - e) + (r < 2 * e ? 2 : 0);
+      }
       return s->algo == gcommAlgoTree ? 2 : 2 * n - 1;
     case gcommFuncBroadcast:
       return (s->algo == gcommAlgoDirect && r == s->root) ? n : 1;
@@ -511,6 +529,59 @@ GCOMM_HD void gcommStepAllReduceOneShot(const gcommSched_t* s, const gcommRound_
   st->src = k == 0 ? GCOMM_BUF_NONE : GCOMM_BUF_OUT; /* the first step: in0 op in1 */
   st->dst = GCOMM_BUF_OUT;
   st->postOp = k == half - 1;
+}
+
+/* Recursive-doubling AllReduce (the butterfly), a round's c elements whole. On p = 2^L ranks,
+ * exchange k (0 <= k < L) pairs place v with v ^ 2^k: step 2k sends the rank's value (its input
+ * at k = 0, else its output), step 2k+1 combines the partner's with it into the output; after
+ * exchange k each rank holds the combination of its group of 2^(k+1), all of them after the last
+ * (the post-operation there). On other counts (gcommRecDblPlace) the first 2e = 2(n - p) ranks
+ * pair up before: even rank 2i sends its input to 2i+1 (its step 0) and receives the result from
+ * it at the end (step 1); 2i+1 combines it with its own input first (its step 0) and sends the
+ * result back last. L exchanges (plus 2 steps on the paired ranks) against the one-shot's n-1
+ * sends and receives. Partners combine the same two values, a op b on one and b op a on the
+ * other: the operators commute, so every rank gets the same bits (not the rank order's, which the
+ * one-shot keeps). In place, a step reads its value before the next writes the output. */
+GCOMM_HD void gcommStepAllReduceRecDbl(const gcommSched_t* s, const gcommRound_t* q,
+                                       gcommStep_t* st) {
+  int n = s->nranks, r = s->rank, v = gcommRecDblPlace(r, n);
+  int e = n - (1 << (gcommLog2(n + 1) - 1)), L = gcommLog2(n - e), paired = r < 2 * e;
+  long t = q->t;
+  if (v < 0) { /* hands its input to r + 1, then gets the result */
+    if (t == 0) {
+      st->src = GCOMM_BUF_IN;
+      st->sendPeer[0] = r + 1;
+    } else {
+      st->recvPeer[0] = r + 1;
+      st->dst = GCOMM_BUF_OUT;
+    }
+    return;
+  }
+  st->dst = GCOMM_BUF_OUT;
+  if (paired && t == 0) { /* r - 1's input combined with this one's */
+    st->src = GCOMM_BUF_IN;
+    st->recvPeer[0] = r - 1;
+    st->reduce = 1;
+    st->postOp = L == 0;
+    return;
+  }
+  long x = t - paired; /* the step within the exchanges */
+  if (x == 2 * L) {    /* the result back to r - 1 */
+    st->src = GCOMM_BUF_OUT;
+    st->dst = GCOMM_BUF_NONE;
+    st->sendPeer[0] = r - 1;
+    return;
+  }
+  int k = (int)(x / 2), partner = gcommRecDblRank(v ^ (1 << k), n);
+  st->src = k == 0 && !paired ? GCOMM_BUF_IN : GCOMM_BUF_OUT;
+  if (x % 2 == 0) {
+    st->sendPeer[0] = partner;
+    st->dst = GCOMM_BUF_NONE;
+  } else {
+    st->recvPeer[0] = partner;
+    st->reduce = 1;
+    st->postOp = k == L - 1;
+  }
 }
 
 /* Two-shot AllReduce, a round of c elements cut into n blocks (as the ring's):
@@ -796,6 +867,8 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
         gcommStepAllReduceTree(s, &q, st);
       else if (algo == gcommAlgoTwoShot)
         gcommStepAllReduceTwoShot(s, &q, st);
+      else if (GCOMM_SCHED_HOST_ALGOS && algo == gcommAlgoRecDbl)
+        gcommStepAllReduceRecDbl(s, &q, st);
       else
         gcommStepAllReduceOneShot(s, &q, st);
       return;

@@ -14,6 +14,7 @@
 #define HOST_BW_BYTES_PER_US 4000.0
 #define NET_ONESHOT_MAX_BYTES (256u << 10)
 /* One node's host thresholds (hostNodeAlgo) */
+#define HOST_RECDBL_AR_MAX_BYTES (8u << 10)
 #define HOST_ONESHOT_MAX_COPIES (6u << 10)
 #define HOST_TWOSHOT_MAX_BYTES (16u << 10)
 #define HOST_TREE_MAX_BYTES (256u << 10)
@@ -98,11 +99,16 @@ static double predictGpuUs(int func, int algo, int proto, int n, double bytes, i
  * 16 ranks, a core each on 32 cores, every algorithm forced beside MPICH in gcomm_perf's turns,
  * the faster of 2 runs (docs/TUNING.md). -1: the model decides (two ranks, where every
  * algorithm is one hop; GPUs; several nodes; the other functions).
- * - AllReduce: the one-shot while its n-1 copies of bytes stay within 6 KB (16 ranks, 128 B: 6.7
- *   us against the two-shot's 8.4; 512 B: 9.7 against 8.3); the two-shot up to 16 KB (16 ranks,
- *   8 KB: 16.3 us against the ring's 24.4 and the one-shot's 42.5; 4 KB, run beside the model's
- *   one-shot: 15.4-17.4 against 23.6-27.6); the ring beyond, where the two-shot's time varies from
- *   run to run (16 ranks, 128 KB: 90-320 us; the ring 82-112).
+ * - AllReduce: from 4 ranks, recursive doubling up to 8 KB (log2(n) exchanges: 16 ranks, 8 B 2.0
+ *   us against the one-shot's 4.5-4.9, 2 KB 5.6-5.9 against 11.5-13.5; 30 ranks, 8 B 3.0-3.2
+ *   against 7.9-8.9, 8 KB 16.0-18.4 against 30.2-30.5; 4 ranks, 2 KB 2.5-2.7 against 3.4-3.6; at
+ *   16 KB slower on 5-8 ranks, 12.8-15.6 against 9.7-12.7; on 3 ranks slower at every size, 64 B
+ *   1.8 against 1.3); then, and on 3 ranks, the one-shot while its n-1 copies of bytes stay
+ *   within 6 KB (16 ranks, 128 B: 6.7 us against the two-shot's 8.4; 512 B: 9.7 against 8.3);
+ *   the two-shot up to 16 KB (16 ranks, 8 KB: 16.3 us against the ring's 24.4 and the one-shot's
+ *   42.5; 4 KB, run beside the model's one-shot: 15.4-17.4 against 23.6-27.6); the ring beyond,
+ *   where the two-shot's time varies from run to run (16 ranks, 128 KB: 90-320 us; the ring
+ *   82-112).
  * - Broadcast, Reduce: the ring, each of whose ranks makes one receive and one send whatever n and
  *   whose calls overlap one another; from 9 ranks the tree up to 256 KB, whose log2(n) levels
  *   beat the ring's n-1 hops (16 ranks: broadcast 8 B 0.70 us against 0.81, 128 KB 61.7 against
@@ -123,9 +129,10 @@ static int hostNodeAlgo(gcommComm_t comm, int func, size_t bytes) {
   if (comm->device >= 0 || comm->nLocal < n || n <= 2) return -1;
   switch (func) {
     case gcommFuncAllReduce:
-      return bytes * (size_t)(n - 1) <= HOST_ONESHOT_MAX_COPIES ? gcommAlgoDirect
-             : bytes <= HOST_TWOSHOT_MAX_BYTES                  ? gcommAlgoTwoShot
-                                                                : gcommAlgoRing;
+      return n >= 4 && bytes <= HOST_RECDBL_AR_MAX_BYTES          ? gcommAlgoRecDbl
+             : bytes * (size_t)(n - 1) <= HOST_ONESHOT_MAX_COPIES ? gcommAlgoDirect
+             : bytes <= HOST_TWOSHOT_MAX_BYTES                    ? gcommAlgoTwoShot
+                                                                  : gcommAlgoRing;
     case gcommFuncBroadcast:
     case gcommFuncReduce:
       return n > 8 && bytes <= HOST_TREE_MAX_BYTES ? gcommAlgoTree : gcommAlgoRing;

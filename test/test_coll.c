@@ -64,7 +64,7 @@ typedef struct {
 
 static const Coll colls[NCOLLS] = {
     /*                 name      reduce root algorithms     inpl sendN recvN sendR recvR */
-    [ALLREDUCE] = {"allreduce", 1, 0, RING | TREE | DIRECT | TWOSHOT, 1, 0, 0, 0, 0},
+    [ALLREDUCE] = {"allreduce", 1, 0, RING | TREE | DIRECT | TWOSHOT | RECDBL, 1, 0, 0, 0, 0},
     [BROADCAST] = {"broadcast", 0, 1, RING | TREE | DIRECT, 1, 0, 0, 0, 0},
     [REDUCE] = {"reduce", 1, 1, RING | TREE | DIRECT, 1, 0, 0, 0, 1},
     [ALLGATHER] = {"allgather", 0, 0, RING | DIRECT | RECDBL, 1, 0, 1, 0, 0},
@@ -550,8 +550,9 @@ static int addCases(Case* cases, int ncases, CollId coll, gcommDataType_t type, 
 }
 
 /* The type/op pairs collective k runs on variant v: the section's pairs (NULL: every type and op,
- * PreMulSum with one scalar residence a type, alternating; or with v->sparse one op a type); for data movement, each distinct type once; when k lacks the
- * algorithm v forces, one pair only: it must fall back. Returns how many went to out. */
+ * PreMulSum with one scalar residence a type, alternating; or with v->sparse one op a type); for
+ * data movement, each distinct type once; when k lacks the algorithm v forces, one pair only: it
+ * must fall back. Returns how many went to out. */
 static int pairsFor(const Coll* k, const Variant* v, const TypeOp* pairs, int npairs, TypeOp* out) {
   TypeOp all[gcommNumTypes * NUM_TEST_OPS];
   if (!pairs) {
