@@ -68,8 +68,8 @@ typedef enum {
   gcommAlgoTree,
   gcommAlgoDirect,
   gcommAlgoTwoShot, /* AllReduce: a direct reduce-scatter, then a direct all-gather */
-  gcommAlgoRecDbl,  /* AllGather: ceil(log2 n) exchanges: recursive doubling on 2^k ranks, Bruck's
-                       dissemination on others (small) */
+  gcommAlgoRecDbl,  /* host, small: AllGather in ceil(log2 n) exchanges (recursive doubling on
+                       2^k ranks, Bruck's dissemination on others); AllReduce's butterfly */
   gcommNumAlgos
 } gcommAlgo_t;
 
@@ -224,14 +224,17 @@ GCOMM_HD int gcommSchedChannelAlgo(const gcommSched_t* s) {
 }
 
 /* Recursive doubling's AllReduce on n ranks, p = 2^floor(log2 n) of which exchange: the first
- * 2(n - p) pair up, the even one of each pair handing its input to the odd one and getting the
- * result back. A rank's place among the p (-1: it hands over), and the rank at a place. */
+ * 2e = 2(n - p) pair up, the even one of each pair handing its input to the odd one and getting
+ * the result back. e; a rank's place among the p (-1: it hands over); the rank at a place. */
+GCOMM_HD int gcommRecDblExtra(int n) {
+  return n - (1 << (gcommLog2(n + 1) - 1));
+}
 GCOMM_HD int gcommRecDblPlace(int r, int n) {
-  int e = n - (1 << (gcommLog2(n + 1) - 1));
+  int e = gcommRecDblExtra(n);
   return r >= 2 * e ? r - e : r % 2 ? r / 2 : -1;
 }
 GCOMM_HD int gcommRecDblRank(int v, int n) {
-  int e = n - (1 << (gcommLog2(n + 1) - 1));
+  int e = gcommRecDblExtra(n);
   return v < e ? 2 * v + 1 : v + e;
 }
 
@@ -251,8 +254,8 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
       if (s->algo == gcommAlgoDirect) return n == 2 ? 2 : 2 * ((n + 1) / 2);
       if (s->algo == gcommAlgoTwoShot) return 2 * gcommDirectReduceSteps(n);
       if (GCOMM_SCHED_HOST_ALGOS && s->algo == gcommAlgoRecDbl) {
-        int e = n - (1 << (gcommLog2(n + 1) - 1)), v = gcommRecDblPlace(r, n);
-        return v < 0 ? 2 : 2 * gcommLog2(n - e) + (r < 2 * e ? 2 : 0);
+        int e = gcommRecDblExtra(n);
+        return gcommRecDblPlace(r, n) < 0 ? 2 : 2 * gcommLog2(n - e) + (r < 2 * e ? 2 : 0);
       }
       return s->algo == gcommAlgoTree ? 2 : 2 * n - 1;
     case gcommFuncBroadcast:
@@ -545,7 +548,7 @@ GCOMM_HD void gcommStepAllReduceOneShot(const gcommSched_t* s, const gcommRound_
 GCOMM_HD void gcommStepAllReduceRecDbl(const gcommSched_t* s, const gcommRound_t* q,
                                        gcommStep_t* st) {
   int n = s->nranks, r = s->rank, v = gcommRecDblPlace(r, n);
-  int e = n - (1 << (gcommLog2(n + 1) - 1)), L = gcommLog2(n - e), paired = r < 2 * e;
+  int e = gcommRecDblExtra(n), L = gcommLog2(n - e), paired = r < 2 * e;
   long t = q->t;
   if (v < 0) { /* hands its input to r + 1, then gets the result */
     if (t == 0) {
