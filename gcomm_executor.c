@@ -238,16 +238,16 @@ static int refPays(gcommComm_t comm, const gcommOp_t* op, long speed) {
  * running now writes that memory: such a write must wait until the peer has copied it, and the
  * peer's own receive may wait likewise for this rank (an in-place all-to-all, a send and a receive
  * of one buffer in a group): neither would come. A finished value (in the output) is written once
- * by its operation, and a root that only sends (Broadcast, Scatter) may lend its input in place;
- * recursive doubling's AllReduce keeps partial values in the output, which its next exchange
- * rewrites while the partner, lent its own, would do the same: none of them is finished. */
+ * by its operation (not in a schedule that rewrites it, gcommSchedRewritesOutput: its next step
+ * would wait for the partner to read the value lent, while the partner, lent its own, waits
+ * alike), and a root that only sends (Broadcast, Scatter) may lend its input in place. */
 static int sendsRef(gcommComm_t comm, const gcommOp_t* op, const gcommStep_t* st,
                     const gcommConn_t* c, const char* user, size_t bytes, gcommRef_t* ref) {
   if (user == NULL || c->refs == NULL) return 0;
   if (c->refPid == 0) return 1;
   if (bytes < c->refMinFileBytes) return 0;
-  int rewritesOutput = op->func == gcommFuncAllReduce && op->algo == gcommAlgoRecDbl;
-  int finished = (st->dst != GCOMM_BUF_NONE || st->src == GCOMM_BUF_OUT) && !rewritesOutput;
+  int finished = (st->dst != GCOMM_BUF_NONE || st->src == GCOMM_BUF_OUT) &&
+                 !gcommSchedRewritesOutput(op->func, op->algo);
   int inFile = gcommHostFind(user, bytes, ref);
   if (!inFile && bytes < c->refMinBytes) return 0;
   long speed = inFile && comm->cmaSpeed < 1000 ? 1000 : comm->cmaSpeed;

@@ -238,6 +238,13 @@ GCOMM_HD int gcommRecDblRank(int v, int n) {
   return v < e ? 2 * v + 1 : v + e;
 }
 
+/* Whether a schedule sends partial values out of the output and writes the output again later
+ * (recursive doubling's AllReduce); every other sends a value from the output only once it is
+ * final, which the host executor counts on to lend it by reference (gcomm_executor.c sendsRef). */
+GCOMM_HD int gcommSchedRewritesOutput(int func, int algo) {
+  return func == gcommFuncAllReduce && algo == gcommAlgoRecDbl;
+}
+
 /* Steps of a direct reduction (gcommDirectReduce): n-1 sends, then the n-1 receives two a step. */
 GCOMM_HD long gcommDirectReduceSteps(int n) {
   return (n - 1) + n / 2;
@@ -560,10 +567,10 @@ GCOMM_HD void gcommStepAllReduceRecDbl(const gcommSched_t* s, const gcommRound_t
     }
     return;
   }
-  st->dst = GCOMM_BUF_OUT;
   if (paired && t == 0) { /* r - 1's input combined with this one's */
     st->src = GCOMM_BUF_IN;
     st->recvPeer[0] = r - 1;
+    st->dst = GCOMM_BUF_OUT;
     st->reduce = 1;
     st->postOp = L == 0;
     return;
@@ -571,7 +578,6 @@ GCOMM_HD void gcommStepAllReduceRecDbl(const gcommSched_t* s, const gcommRound_t
   long x = t - paired; /* the step within the exchanges */
   if (x == 2 * L) {    /* the result back to r - 1 */
     st->src = GCOMM_BUF_OUT;
-    st->dst = GCOMM_BUF_NONE;
     st->sendPeer[0] = r - 1;
     return;
   }
@@ -579,9 +585,9 @@ GCOMM_HD void gcommStepAllReduceRecDbl(const gcommSched_t* s, const gcommRound_t
   st->src = k == 0 && !paired ? GCOMM_BUF_IN : GCOMM_BUF_OUT;
   if (x % 2 == 0) {
     st->sendPeer[0] = partner;
-    st->dst = GCOMM_BUF_NONE;
   } else {
     st->recvPeer[0] = partner;
+    st->dst = GCOMM_BUF_OUT;
     st->reduce = 1;
     st->postOp = k == L - 1;
   }
