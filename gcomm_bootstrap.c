@@ -193,8 +193,11 @@ static gcommResult_t gpuDefaultChannels(gcommComm_t comm, uint64_t hostId, int* 
    * it holds SMs too: every rank sharing a GPU must still fit both */
   comm->smallKernel = (int64_t)sharing * GCOMM_DEV_SMALL_WORKS <= fewestSms;
   comm->mediumKernel = (int64_t)sharing * 2 * GCOMM_DEV_MEDIUM_WORKS <= fewestSms;
-  comm->launchOverlap = comm->params.pdl && comm->deviceCcMajor >= 9 &&
-                        (int64_t)sharing * 2 * GCOMM_DEV_SMALL_WORKS <= fewestSms;
+  comm->launchOverlap = !comm->params.pdl || comm->deviceCcMajor < 9 ? GCOMM_OVERLAP_NONE
+                        : sharing == 1                               ? GCOMM_OVERLAP_EVERY
+                        : (int64_t)sharing * 2 * GCOMM_DEV_SMALL_WORKS <= fewestSms
+                            ? GCOMM_OVERLAP_SMALL_LL
+                            : GCOMM_OVERLAP_NONE;
   *nChannels = spansNodes(comm)                                    ? GPU_NET_CHANNELS
                : comm->params.p2pDisable || comm->params.p2pMemcpy ? GPU_STAGED_CHANNELS
                                                                    : nch;

@@ -98,10 +98,6 @@ static inline int hasGpuProxy(gcommComm_t comm) {
       return GCOMM_ERROR(comm, gcommSystemError, -1, "%s failed (MPI error %d)", #call, mpiErr_); \
   } while (0)
 
-static inline int gcommIsReduction(int func) {
-  return func == gcommFuncAllReduce || func == gcommFuncReduce || func == gcommFuncReduceScatter;
-}
-
 /* ---- Names for logs and errors (gcomm_params.c) ---- */
 extern const char* const gcommAlgoNames[];
 extern const char* const gcommProtoNames[];

@@ -57,6 +57,14 @@ extern "C" {
 #define GCOMM_DEV_SMALL_WORKS 8   /* works a small launch carries in its parameters */
 #define GCOMM_DEV_MEDIUM_WORKS 32 /* works a medium LL launch carries (1 block an SM) */
 #define GCOMM_DEV_MAX_WORKS 128   /* works one launch carries at most (a bigger group is split) */
+
+/* Which launches may start while the launch before them on the stream still runs (programmatic
+ * dependent launch): none; the small and medium LL ones (two of those fit beside every rank's on a
+ * shared GPU); every launch (the rank has its GPU to itself: no other rank's blocks wait for SMs
+ * the next launch holds). */
+#define GCOMM_OVERLAP_NONE 0
+#define GCOMM_OVERLAP_SMALL_LL 1
+#define GCOMM_OVERLAP_EVERY 2
 /* a block keeps its lane's connections in shared memory up to this many ranks */
 #define GCOMM_DEV_CACHE_RANKS 256
 #define GCOMM_DEV_COUNTERS 3 /* per connection in `steps`: send, receive, known head */
@@ -117,8 +125,8 @@ typedef struct {
                               mapped host memory (device pointer), or NULL */
   int nBlocks, nWorks;
   /* a small or medium LL launch may run a kernel of 1 block an SM (gcommComm.smallKernel,
-   * mediumKernel), and start its prologue while the previous launch on the stream runs
-   * (programmatic dependent launch: gcommComm.launchOverlap) */
+   * mediumKernel); overlap: which launches start their prologue while the previous launch on the
+   * stream runs (programmatic dependent launch: gcommComm.launchOverlap, a GCOMM_OVERLAP_*) */
   int smallKernel, mediumKernel, overlap;
   int nThreads; /* threads a block: GCOMM_DEV_THREADS, or fewer in whole warps (at least 64) */
   uint16_t first[GCOMM_DEV_MAX_WORKS + 1];

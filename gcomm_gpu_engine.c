@@ -205,6 +205,17 @@ static int launchThreads(gcommComm_t comm, const gcommDevLaunch_t* a) {
   return threads < GCOMM_DEV_THREADS ? (int)threads : GCOMM_DEV_THREADS;
 }
 
+/* Which launches may start beside the one before them (gcommComm.launchOverlap). Where every
+ * launch may, one that reduces still waits for the launch before it to end: 2 H200, nccl-tests
+ * with CUDA graphs, overlapped reduce-scatters of 4-16 MB ran 2-4% slower, where broadcast,
+ * all-gather, send/recv and all-to-all of 1-4 MB ran 1-10% faster (docs/PERF.md). */
+static int launchOverlapOf(gcommComm_t comm, const gcommDevLaunch_t* a) {
+  if (comm->launchOverlap != GCOMM_OVERLAP_EVERY) return comm->launchOverlap;
+  for (int i = 0; i < a->nWorks; i++)
+    if (gcommIsReduction(a->works[i].sched.func)) return GCOMM_OVERLAP_SMALL_LL;
+  return GCOMM_OVERLAP_EVERY;
+}
+
 static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* stream) {
   struct gcommDev* d = comm->dev;
   if (a->nWorks == 0) return gcommSuccess;
@@ -213,7 +224,7 @@ static gcommResult_t launchBatch(gcommComm_t comm, gcommDevLaunch_t* a, void* st
   a->first[a->nBlocks] = (uint16_t)a->nWorks;
   a->smallKernel = comm->smallKernel;
   a->mediumKernel = comm->mediumKernel;
-  a->overlap = comm->launchOverlap;
+  a->overlap = launchOverlapOf(comm, a);
   a->nThreads = launchThreads(comm, a);
   a->times =
       d->prof && GCOMM_PROF_ON(comm, gcommProfileKernelCh) ? gcommGpuProfTake(comm, a) : NULL;

@@ -522,10 +522,10 @@ struct gcommComm {
   int deviceSMs;     /* GPU communicators: the GPU's multiprocessors */
   int deviceCcMajor; /* GPU communicators: compute capability (major) */
   /* GPU communicators: small LL launches run the kernel of 1 block an SM (every rank sharing a
-   * GPU has room for one at once), and may start while the previous one on their stream ends
-   * (GCOMM_PDL, and there is room for two); LL operations spread over up to
-   * GCOMM_DEV_MEDIUM_WORKS channels, a medium launch of 1 block an SM, where there is room for two
-   * of those */
+   * GPU has room for one at once); LL operations spread over up to GCOMM_DEV_MEDIUM_WORKS
+   * channels, a medium launch of 1 block an SM, where there is room for two of those;
+   * launchOverlap: which launches may start while the previous one on their stream ends
+   * (GCOMM_PDL, a GCOMM_OVERLAP_* of gcomm_device.h) */
   int smallKernel, mediumKernel, launchOverlap;
   /* GPU communicators: the blocks one launch of this rank may hold, so that every rank sharing
    * its GPU is resident at once (GCOMM_DEV_MAX_WORKS when the rank has the GPU to itself) */

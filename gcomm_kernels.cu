@@ -728,6 +728,7 @@ struct KArgs {
   gcommDevComm_t hostCopy;
   uint64_t* times; /* profiler: gcommDevLaunch_t.times */
   int nBlocks, nWorks;
+  bool startNext; /* let the next launch start its prologue once every block is past its own */
   uint16_t first[W + 1];
   gcommDevWork_t works[W];
 };
@@ -1098,11 +1099,11 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_ME
   }
   const Queue q = cacheConnections(shCache, comm, lane0, cached);
   /* Everything above reads only this launch's parameters and what init wrote; from here on the
-   * memory the previous launch on the stream wrote (counters, user buffers). A small LL launch
-   * then lets the next one start its own prologue: at most two are resident (the rule that sets
-   * gcommComm.launchOverlap counts on it). */
+   * memory the previous launch on the stream wrote (counters, user buffers). The launch then lets
+   * the next one start its own prologue where gcommComm.launchOverlap allows: its blocks take
+   * SMs beside this launch's, all of whose blocks are resident by then. */
   gcommGpuGridWait();
-  if (LL_ONLY && W <= GCOMM_DEV_MEDIUM_WORKS) gcommGpuLaunchDependents();
+  if (a.startNext) gcommGpuLaunchDependents();
   if (cached) loadCounters(shCache, comm, lane0);
   __syncthreads();
   for (int wi = a.first[blockIdx.x]; wi < a.first[blockIdx.x + 1]; wi++) {
@@ -1172,6 +1173,11 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
   k.times = src->times;
   k.nBlocks = src->nBlocks;
   k.nWorks = src->nWorks;
+  /* a launch that may start beside the one before it lets the one after it start beside it */
+  const bool overlap =
+      src->overlap == GCOMM_OVERLAP_EVERY ||
+      (src->overlap == GCOMM_OVERLAP_SMALL_LL && LL_ONLY && W <= GCOMM_DEV_MEDIUM_WORKS);
+  k.startNext = overlap;
   for (int i = 0; i <= src->nBlocks; i++) k.first[i] = src->first[i];
   for (int i = 0; i < src->nWorks; i++) k.works[i] = src->works[i];
   size_t n = (size_t)src->hostCopy.nranks;
@@ -1179,7 +1185,7 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
                                                   2 * GCOMM_DEV_COUNTERS * n * sizeof(uint64_t)
                                             : 0;
 #ifndef GCOMM_HIP
-  if (LL_ONLY && W <= GCOMM_DEV_MEDIUM_WORKS && src->overlap) {
+  if (overlap) {
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;

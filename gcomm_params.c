@@ -120,8 +120,7 @@ static const gcommParamDef_t paramTable[] = {
      "(CUDA IPC); 0 always the staging",
      SHARED},
     {"GCOMM_PDL", "1", PARAM_INT, PARAM_AT(pdl), NULL, 0, 1,
-     "0: a small GPU launch never starts before the previous one on its stream has finished",
-     LOCAL},
+     "0: a GPU launch never starts before the previous one on its stream has finished", LOCAL},
 #endif
     /* the proxy's GPU knobs: in every build, so that host tests see their parsing and agreement;
      * a host communicator ignores them */

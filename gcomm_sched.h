@@ -62,6 +62,9 @@ typedef enum {
 GCOMM_HD int gcommIsPointToPoint(int func) {
   return func == gcommFuncSend || func == gcommFuncRecv || func == gcommFuncCopy;
 }
+GCOMM_HD int gcommIsReduction(int func) {
+  return func == gcommFuncAllReduce || func == gcommFuncReduce || func == gcommFuncReduceScatter;
+}
 
 typedef enum {
   gcommAlgoRing,
