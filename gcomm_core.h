@@ -31,6 +31,7 @@ static inline int busyQueueWords(gcommComm_t comm) {
 static inline char* opBuffer(const gcommOp_t* op, int which) {
   if (which == GCOMM_BUF_IN) return (char*)op->sendbuff;
   if (which == GCOMM_BUF_OUT) return (char*)op->recvbuff;
+  if (which == GCOMM_BUF_SCRATCH) return (char*)op->scratch;
   return NULL;
 }
 

@@ -45,14 +45,31 @@ static void workPlace(gcommComm_t comm, const gcommOp_t* op, int c, gcommWork_t*
   }
 }
 
-/* A record of room for nWorks works holding args (its own pool mark kept). */
+/* A record of room for nWorks works holding args (its own pool mark and scratch kept). */
 static gcommOp_t* newOp(gcommComm_t comm, const gcommOp_t* args, int nWorks) {
   gcommOp_t* op = gcommOpAlloc(comm, nWorks);
   if (op == NULL) return NULL;
   int pooled = op->pooled;
+  void* scratch = op->scratch;
+  size_t scratchBytes = op->scratchBytes;
   *op = *args;
   op->pooled = pooled;
+  op->scratch = scratch;
+  op->scratchBytes = scratchBytes;
   return op;
+}
+
+/* Room in op's scratch for a work whose schedule needs it (where it runs its binomial Gather or
+ * Scatter: gcommSchedChannelAlgo). Returns 0 when out of memory. */
+static int reserveScratch(gcommOp_t* op, const gcommSched_t* s, size_t esz) {
+  size_t need =
+      gcommSchedScratchElems(s->func, gcommSchedChannelAlgo(s), s->nranks, s->count) * esz;
+  if (need <= op->scratchBytes) return 1;
+  void* p = realloc(op->scratch, need);
+  if (p == NULL) return 0;
+  op->scratch = p;
+  op->scratchBytes = need;
+  return 1;
 }
 
 /* Splits a checked operation into its works: one per channel, each a contiguous slice
@@ -105,6 +122,10 @@ static gcommOp_t* buildOp(gcommComm_t comm, const gcommOp_t* args, int nParts) {
                                  .fan = fan}};
     w->nSteps = gcommSchedNumSteps(&w->sched);
     if (w->nSteps == 0) continue;
+    if (!reserveScratch(op, &w->sched, esz)) {
+      gcommOpRelease(comm, op);
+      return NULL;
+    }
     workPlace(comm, op, c, w);
     op->nWorks++;
   }

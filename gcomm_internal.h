@@ -323,6 +323,10 @@ struct gcommOp {
   uint32_t tag; /* the call, packed for the FIFO slots (0 with GCOMM_CHECK_MISMATCH=0) */
   int nWorks, nWorksLeft;
   int pooled; /* a one-work record of the communicator's pool (gcommOpAlloc) */
+  /* the binomial Gather's and Scatter's scratch (GCOMM_BUF_SCRATCH), scratchBytes of malloc's,
+   * kept with a pooled record for its next operations */
+  void* scratch;
+  size_t scratchBytes;
   /* profiler: the Coll/P2p event, parent of the works' events */
   void* profHandle;
   gcommWork_t works[];

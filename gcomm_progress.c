@@ -25,6 +25,11 @@ static void dumpSignalHandler(int sig) {
  * group of small operations in flight; more are freed). */
 #define GCOMM_OP_POOL_MAX 64
 
+static void opFree(gcommOp_t* op) {
+  free(op->scratch);
+  free(op);
+}
+
 /* Moves the records the finishing threads pushed into the owner's list, freeing what is beyond
  * GCOMM_OP_POOL_MAX (a large group's records, once it has finished). */
 static void takePool(gcommComm_t comm) {
@@ -32,7 +37,7 @@ static void takePool(gcommComm_t comm) {
   for (gcommOp_t* next; op != NULL; op = next) {
     next = op->next;
     if (comm->opFreeSize >= GCOMM_OP_POOL_MAX) {
-      free(op);
+      opFree(op);
       continue;
     }
     op->next = comm->opFree;
@@ -44,7 +49,7 @@ static void takePool(gcommComm_t comm) {
 gcommOp_t* gcommOpAlloc(gcommComm_t comm, int nWorks) {
   if (nWorks > 1) {
     gcommOp_t* op = malloc(sizeof(gcommOp_t) + (size_t)nWorks * sizeof(gcommWork_t));
-    if (op != NULL) op->pooled = 0;
+    if (op != NULL) op->pooled = 0, op->scratch = NULL, op->scratchBytes = 0;
     return op;
   }
   if (comm->opFree == NULL) takePool(comm);
@@ -52,6 +57,7 @@ gcommOp_t* gcommOpAlloc(gcommComm_t comm, int nWorks) {
   if (op == NULL) {
     op = malloc(sizeof(gcommOp_t) + sizeof(gcommWork_t));
     if (op == NULL) return NULL;
+    op->scratch = NULL, op->scratchBytes = 0;
   } else {
     comm->opFree = op->next;
     comm->opFreeSize--;
@@ -62,7 +68,7 @@ gcommOp_t* gcommOpAlloc(gcommComm_t comm, int nWorks) {
 
 void gcommOpRelease(gcommComm_t comm, gcommOp_t* op) {
   if (!op->pooled) {
-    free(op);
+    opFree(op);
     return;
   }
   op->next = __atomic_load_n(&comm->opPool, __ATOMIC_RELAXED);
@@ -73,7 +79,7 @@ void gcommOpRelease(gcommComm_t comm, gcommOp_t* op) {
 
 void gcommOpPoolFree(gcommComm_t comm) {
   takePool(comm);
-  for (gcommOp_t *op = comm->opFree, *next; op != NULL; op = next) next = op->next, free(op);
+  for (gcommOp_t *op = comm->opFree, *next; op != NULL; op = next) next = op->next, opFree(op);
   comm->opFree = NULL;
   comm->opFreeSize = 0;
 }

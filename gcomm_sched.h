@@ -88,7 +88,10 @@ typedef enum { gcommProtoSimple, gcommProtoLL, gcommNumProtos } gcommProto_t;
 #define GCOMM_LL_SLOT_PAYLOAD ((size_t)32768)
 #define GCOMM_LL_SLOT_BYTES (GCOMM_LL_LINE + 2 * GCOMM_LL_SLOT_PAYLOAD)
 
-enum { GCOMM_BUF_NONE = 0, GCOMM_BUF_IN = 1, GCOMM_BUF_OUT = 2 };
+/* A step's local buffers: the caller's input and output, and the operation's scratch, where the
+ * binomial Gather and Scatter (host communicators) hold a subtree's blocks on the ranks whose
+ * output has no room for them (gcommSchedScratchElems elements). */
+enum { GCOMM_BUF_NONE = 0, GCOMM_BUF_IN = 1, GCOMM_BUF_OUT = 2, GCOMM_BUF_SCRATCH = 3 };
 
 /* A fan step (GPU communicators, LL, at most GCOMM_FAN_MAX_RANKS ranks) meets every other rank
  * at once instead of one or two a step: a step's fixed work, not its data, is what a small
@@ -113,8 +116,8 @@ enum {
 typedef struct {
   int recvPeer[2]; /* ranks whose FIFO to this rank is read, -1 for none */
   int sendPeer[2]; /* ranks whose FIFO from this rank is written, -1 for none */
-  int src;         /* local operand: GCOMM_BUF_IN, GCOMM_BUF_OUT or GCOMM_BUF_NONE */
-  int dst;         /* local destination: GCOMM_BUF_OUT or GCOMM_BUF_NONE */
+  int src;         /* local operand: a GCOMM_BUF_* (GCOMM_BUF_NONE: none) */
+  int dst;         /* local destination: GCOMM_BUF_OUT, GCOMM_BUF_SCRATCH or GCOMM_BUF_NONE */
   int reduce;      /* combine the received data with src (else received data replaces it) */
   int postOp;      /* the value is final: apply the op's post-operation (Avg divides) */
   int fan;         /* GCOMM_FAN_* flags (recvPeer and sendPeer unused), or 0 */
@@ -173,9 +176,19 @@ GCOMM_HD int gcommSchedAlgo(int func, int algo) {
                                                                  : gcommAlgoRing;
     case gcommFuncReduceScatter:
       return algo == gcommAlgoRing || algo == gcommAlgoTree ? gcommAlgoRing : gcommAlgoDirect;
+    case gcommFuncGather:
+    case gcommFuncScatter:
+      return algo == gcommAlgoTree ? gcommAlgoTree : gcommAlgoDirect;
     default:
       return gcommAlgoDirect;
   }
+}
+
+/* Whether only host communicators run this algorithm (recursive doubling; the binomial Gather and
+ * Scatter): the kernels do not carry it, and a GPU communicator runs direct instead. */
+GCOMM_HD int gcommSchedHostOnly(int func, int algo) {
+  return algo == gcommAlgoRecDbl ||
+         (algo == gcommAlgoTree && (func == gcommFuncGather || func == gcommFuncScatter));
 }
 
 /* Chunks of the channel range; a ring AllReduce moves nranks chunks per round. */
@@ -197,12 +210,12 @@ GCOMM_HD int gcommIsPow2(int n) {
   return (n & (n - 1)) == 0;
 }
 
-/* Recursive doubling (and, on other rank counts, the dissemination pattern) exchanges whole
- * groups of blocks, each one contiguous slot: it runs where the channel holds the whole block
- * (one round) and the largest group, 2^(ceil(log2 n) - 1) blocks (n/2 on 2^L ranks), fits a slot.
- * Elsewhere its collective runs direct, which every rank decides alike from the schedule's shared
- * fields. */
-GCOMM_HD int gcommRecDblFits(const gcommSched_t* s) {
+/* Recursive doubling (and, on other rank counts, the dissemination pattern) and the binomial
+ * Gather and Scatter move whole groups of blocks, each one contiguous slot: they run where the
+ * channel holds the whole block (one round) and the largest group, 2^(ceil(log2 n) - 1) blocks
+ * (n/2 on 2^L ranks; a binomial subtree below the root), fits a slot. Elsewhere their collective
+ * runs direct, which every rank decides alike from the schedule's shared fields. */
+GCOMM_HD int gcommGroupsFit(const gcommSched_t* s) {
   int n = s->nranks, most = n < 2 ? 1 : 1 << (gcommLog2(n) - 1);
   return s->chanOff == 0 && s->chanCount == s->count && s->count * (size_t)most <= s->chunk;
 }
@@ -217,13 +230,47 @@ GCOMM_HD int gcommRecDblFits(const gcommSched_t* s) {
 #define GCOMM_SCHED_HOST_ALGOS 1
 #endif
 
-/* The algorithm a channel runs: its operation's, except an all-gather's recursive doubling where
- * it does not fit (gcommRecDblFits). */
+/* The algorithm a channel runs: its operation's, except an all-gather's recursive doubling and a
+ * binomial Gather or Scatter where they do not fit (gcommGroupsFit). */
 GCOMM_HD int gcommSchedChannelAlgo(const gcommSched_t* s) {
   if (!GCOMM_SCHED_HOST_ALGOS) return s->algo;
-  return s->func == gcommFuncAllGather && s->algo == gcommAlgoRecDbl && !gcommRecDblFits(s)
-             ? gcommAlgoDirect
-             : s->algo;
+  int groups =
+      (s->func == gcommFuncAllGather && s->algo == gcommAlgoRecDbl) ||
+      (s->algo == gcommAlgoTree && (s->func == gcommFuncGather || s->func == gcommFuncScatter));
+  return groups && !gcommGroupsFit(s) ? gcommAlgoDirect : s->algo;
+}
+
+/* Binomial tree over v = (rank - root) mod n, the root 0: v's parent is v without its lowest set
+ * bit, its children v + 2^k for every 2^k below that bit (the root: below n), its subtree the
+ * ranks [v, v + span) below n. A subtree's blocks, in v order, are one contiguous range of the
+ * root's buffer unless they pass block n-1: a child of the root whose range wraps moves it in two
+ * parts (gcommBinParts). */
+GCOMM_HD int gcommBinSpan(int v, int n) {
+  return v == 0 ? 1 << gcommLog2(n) : v & -v;
+}
+GCOMM_HD int gcommBinSize(int v, int n) {
+  int span = gcommBinSpan(v, n);
+  return span < n - v ? span : n - v;
+}
+GCOMM_HD int gcommBinChildren(int v, int n) {
+  int k = 0;
+  while ((1 << k) < gcommBinSpan(v, n) && v + (1 << k) < n) k++;
+  return k;
+}
+/* The blocks of v's subtree before the wrap (its size where there is none), on the root's side. */
+GCOMM_HD int gcommBinFirstPart(int v, int root, int n) {
+  int size = gcommBinSize(v, n), first = n - (root + v) % n;
+  return v > 0 && v == gcommBinSpan(v, n) && first < size ? first : size;
+}
+GCOMM_HD int gcommBinParts(int v, int root, int n) {
+  return gcommBinFirstPart(v, root, n) < gcommBinSize(v, n) ? 2 : 1;
+}
+
+/* Elements of scratch the operation needs on each rank: the binomial Gather's and Scatter's
+ * subtrees (nranks blocks bound them all), else none. */
+GCOMM_HD size_t gcommSchedScratchElems(int func, int algo, int nranks, size_t count) {
+  int binomial = algo == gcommAlgoTree && (func == gcommFuncGather || func == gcommFuncScatter);
+  return binomial && nranks > 1 ? (size_t)nranks * count : 0;
 }
 
 /* Recursive doubling's AllReduce on n ranks, p = 2^floor(log2 n) of which exchange: the first
@@ -251,6 +298,18 @@ GCOMM_HD int gcommSchedRewritesOutput(int func, int algo) {
 /* Steps of a direct reduction (gcommDirectReduce): n-1 sends, then the n-1 receives two a step. */
 GCOMM_HD long gcommDirectReduceSteps(int n) {
   return (n - 1) + n / 2;
+}
+
+/* Steps of the binomial Gather (Scatter) on this rank: the root copies its own block and
+ * receives (sends) each child's subtree, in one or two parts; any other rank with children copies
+ * its own block to (from) scratch, receives (sends) their subtrees there, and sends (receives) its
+ * whole subtree to (from) its parent; a leaf only sends (receives) its block. */
+GCOMM_HD long gcommBinSteps(const gcommSched_t* s) {
+  int n = s->nranks, v = gcommMod(s->rank - s->root, n), k = gcommBinChildren(v, n);
+  if (v > 0) return (k > 0 ? 1 + k : 0) + gcommBinParts(v, s->root, n);
+  long steps = 1;
+  for (int i = 0; i < k; i++) steps += gcommBinParts(1 << i, s->root, n);
+  return steps;
 }
 
 /* Steps one round (one chunk of the channel range) takes on this rank. */
@@ -283,8 +342,8 @@ GCOMM_HD long gcommSchedStepsPerRound(const gcommSched_t* s) {
     case gcommFuncAllToAll:
       return 2 * n - 1;
     case gcommFuncGather:
-      return r == s->root ? n : 1;
     case gcommFuncScatter:
+      if (GCOMM_SCHED_HOST_ALGOS && algo == gcommAlgoTree) return gcommBinSteps(s);
       return r == s->root ? n : 1;
     default:
       return 0;
@@ -732,7 +791,7 @@ GCOMM_HD void gcommStepAllGatherRing(const gcommSched_t* s, const gcommRound_t* 
   if (t < n - 1) st->sendPeer[0] = (r + 1) % n;
 }
 
-/* Recursive-doubling AllGather on n = 2^L ranks, the whole block in one round (gcommRecDblFits).
+/* Recursive-doubling AllGather on n = 2^L ranks, the whole block in one round (gcommGroupsFit).
  * Exchange k (0 <= k < L) pairs rank r with r ^ 2^k; before it, r holds the 2^k blocks of its
  * group g = r >> k, which lie next to each other in the output (blocks g*2^k .. g*2^k + 2^k - 1):
  *   step 2k: send the group to the partner: at k = 0 r's own input, written to output block r
@@ -758,7 +817,7 @@ GCOMM_HD void gcommStepAllGatherRecDbl(const gcommSched_t* s, const gcommRound_t
   }
 }
 
-/* Dissemination AllGather (Bruck's) on any n, the whole block in one round (gcommRecDblFits).
+/* Dissemination AllGather (Bruck's) on any n, the whole block in one round (gcommGroupsFit).
  * Before exchange k (0 <= k < ceil(log2 n)) rank r holds the 2^k blocks r .. r + 2^k - 1 (mod n)
  * of its output; it sends the first m = min(2^k, n - 2^k) of them to r - 2^k and receives the m
  * blocks of r + 2^k (r + 2^k .. r + 2^k + m - 1) into its output, after which it holds 2^(k+1),
@@ -847,6 +906,99 @@ GCOMM_HD void gcommStepScatter(const gcommSched_t* s, const gcommRound_t* q, gco
     st->dst = GCOMM_BUF_OUT;
 }
 
+/* Part u (gcommBinParts) of the subtree of the root's child `child` in a binomial Gather or
+ * Scatter: its range of the root's buffer (*off, *count, in elements); returns the child's rank. */
+GCOMM_HD int gcommBinRootPart(const gcommSched_t* s, int child, int u, size_t* off, size_t* count) {
+  int n = s->nranks, a = (s->root + child) % n, first = gcommBinFirstPart(child, s->root, n);
+  *off = u == 0 ? (size_t)a * s->count : 0;
+  *count = (size_t)(u == 0 ? first : gcommBinSize(child, n) - first) * s->count;
+  return a;
+}
+/* The same part on the side of v (not the root): its range of v's scratch (the subtree in v
+ * order); returns v's parent's rank. */
+GCOMM_HD int gcommBinChildPart(const gcommSched_t* s, int v, int u, size_t* off, size_t* count) {
+  int n = s->nranks, first = gcommBinFirstPart(v, s->root, n);
+  *off = u == 0 ? 0 : (size_t)first * s->count;
+  *count = (size_t)(u == 0 ? first : gcommBinSize(v, n) - first) * s->count;
+  return (s->root + v - gcommBinSpan(v, n)) % n;
+}
+
+/* Binomial Gather (the whole block in one round, gcommGroupsFit): ceil(log2 n) levels where the
+ * direct Gather's root takes n-1 receives. A rank with children copies its input to scratch block
+ * 0 (t = 0), receives the subtree of child v + 2^i at scratch block 2^i (t = 1 + i, the smallest
+ * first), and sends its subtree to its parent; a leaf sends its input. The root copies its input
+ * to output block root and receives each child's subtree where it lies in the output. */
+GCOMM_HD void gcommStepGatherBinomial(const gcommSched_t* s, const gcommRound_t* q,
+                                      gcommStep_t* st) {
+  int n = s->nranks, root = s->root, v = gcommMod(s->rank - root, n);
+  int k = gcommBinChildren(v, n);
+  long t = q->t;
+  size_t R = s->count;
+  st->count = R;
+  if (v == 0) {
+    st->dst = GCOMM_BUF_OUT;
+    if (t == 0) {
+      st->src = GCOMM_BUF_IN;
+      st->dstOff = (size_t)root * R;
+      return;
+    }
+    int i = 0, u = (int)t - 1;
+    while (u >= gcommBinParts(1 << i, root, n)) u -= gcommBinParts(1 << i, root, n), i++;
+    st->recvPeer[0] = gcommBinRootPart(s, 1 << i, u, &st->dstOff, &st->count);
+    return;
+  }
+  if (k == 0 || t > k) { /* the subtree (a leaf: its input) to the parent */
+    st->src = k == 0 ? GCOMM_BUF_IN : GCOMM_BUF_SCRATCH;
+    st->sendPeer[0] = gcommBinChildPart(s, v, k == 0 ? 0 : (int)t - k - 1, &st->srcOff, &st->count);
+    return;
+  }
+  st->dst = GCOMM_BUF_SCRATCH;
+  if (t == 0) {
+    st->src = GCOMM_BUF_IN;
+    return;
+  }
+  int c = v + (1 << (t - 1));
+  st->recvPeer[0] = (root + c) % n;
+  st->dstOff = (size_t)(1 << (t - 1)) * R;
+  st->count = (size_t)gcommBinSize(c, n) * R;
+}
+
+/* Binomial Scatter, the Gather's mirror: the root sends each child's subtree from where it lies in
+ * its input (the largest first), then copies its own block; a rank with children receives its
+ * subtree into scratch, sends child v + 2^i the blocks from scratch block 2^i (the largest first)
+ * and copies its own block, scratch block 0, to its output; a leaf receives its block there. */
+GCOMM_HD void gcommStepScatterBinomial(const gcommSched_t* s, const gcommRound_t* q,
+                                       gcommStep_t* st) {
+  int n = s->nranks, root = s->root, v = gcommMod(s->rank - root, n);
+  int k = gcommBinChildren(v, n), parts = v == 0 ? 0 : gcommBinParts(v, root, n);
+  long t = q->t, last = gcommBinSteps(s) - 1;
+  size_t R = s->count;
+  st->count = R;
+  if (t == last && (v == 0 || k > 0)) { /* its own block to the output */
+    st->src = v == 0 ? GCOMM_BUF_IN : GCOMM_BUF_SCRATCH;
+    st->srcOff = v == 0 ? (size_t)root * R : 0;
+    st->dst = GCOMM_BUF_OUT;
+    return;
+  }
+  if (t < parts) { /* the subtree (a leaf: its block) from the parent */
+    st->dst = k == 0 ? GCOMM_BUF_OUT : GCOMM_BUF_SCRATCH;
+    st->recvPeer[0] = gcommBinChildPart(s, v, (int)t, &st->dstOff, &st->count);
+    return;
+  }
+  int i = k - 1, u = (int)(t - parts);
+  if (v == 0) {
+    while (u >= gcommBinParts(1 << i, root, n)) u -= gcommBinParts(1 << i, root, n), i--;
+    st->src = GCOMM_BUF_IN;
+    st->sendPeer[0] = gcommBinRootPart(s, 1 << i, u, &st->srcOff, &st->count);
+    return;
+  }
+  i -= u;
+  st->src = GCOMM_BUF_SCRATCH;
+  st->srcOff = (size_t)(1 << i) * R;
+  st->count = (size_t)gcommBinSize(v + (1 << i), n) * R;
+  st->sendPeer[0] = (root + v + (1 << i)) % n;
+}
+
 /* Step number `step` (0 <= step < gcommSchedNumSteps) of this rank. Send and Recv move their
  * chunks one a step to or from the peer; on one rank every collective is a copy. */
 GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* st) {
@@ -922,10 +1074,16 @@ GCOMM_HD void gcommSchedGetStep(const gcommSched_t* s, long step, gcommStep_t* s
       gcommDirectExchange(r, n, q.t, s->count, s->count, q.off, st);
       return;
     case gcommFuncGather:
-      gcommStepGather(s, &q, st);
+      if (GCOMM_SCHED_HOST_ALGOS && algo == gcommAlgoTree)
+        gcommStepGatherBinomial(s, &q, st);
+      else
+        gcommStepGather(s, &q, st);
       return;
     case gcommFuncScatter:
-      gcommStepScatter(s, &q, st);
+      if (GCOMM_SCHED_HOST_ALGOS && algo == gcommAlgoTree)
+        gcommStepScatterBinomial(s, &q, st);
+      else
+        gcommStepScatter(s, &q, st);
       return;
   }
 }

@@ -20,6 +20,8 @@
 #define HOST_TREE_MAX_BYTES (256u << 10)
 #define HOST_RECDBL_MAX_BYTES (128u << 10)
 #define HOST_DIRECT_RS_MAX_BYTES (16u << 10)
+#define HOST_BINOMIAL_MIN_RANKS 8
+#define HOST_BINOMIAL_MAX_BYTES (128u << 10)
 /* GPU reductions that take fan steps up to this size (a quarter of it on 2 ranks: gcommChooseAlgo)
  */
 #define GPU_FAN_MAX_BYTES (512u << 10)
@@ -123,7 +125,11 @@ static double predictGpuUs(int func, int algo, int proto, int n, double bytes, i
  *   within the runs' spread).
  * - ReduceScatter: the direct exchange up to 16 KB (16 ranks, 8 KB: 8.8 us against the ring's
  *   11.6), the ring beyond (32 KB, beside the model's direct exchange: 21.0-23.8 us against
- *   31.1-32.2; 2 MB: 440 against 764). */
+ *   31.1-32.2; 2 MB: 440 against 764).
+ * - Gather, Scatter: from 8 ranks the binomial tree up to 128 KB in all, whose root takes
+ *   ceil(log2 n) messages where the direct form's takes n-1 (medians of 2 runs, 16 ranks: gather
+ *   2 KB 1.8 us against 3.4, scatter 32 KB 4.7 against 7.2; 8 ranks, 8 KB: gather 1.9 against
+ *   2.2, scatter 2.3 against 3.1); beyond, and on fewer ranks, the direct form. */
 static int hostNodeAlgo(gcommComm_t comm, int func, size_t bytes) {
   int n = comm->nranks;
   if (comm->device >= 0 || comm->nLocal < n || n <= 2) return -1;
@@ -140,6 +146,9 @@ static int hostNodeAlgo(gcommComm_t comm, int func, size_t bytes) {
       return (gcommIsPow2(n) || n > 8) && bytes <= HOST_RECDBL_MAX_BYTES ? gcommAlgoRecDbl : -1;
     case gcommFuncReduceScatter:
       return bytes <= HOST_DIRECT_RS_MAX_BYTES ? gcommAlgoDirect : gcommAlgoRing;
+    case gcommFuncGather:
+    case gcommFuncScatter:
+      return n >= HOST_BINOMIAL_MIN_RANKS && bytes <= HOST_BINOMIAL_MAX_BYTES ? gcommAlgoTree : -1;
     default:
       return -1;
   }
@@ -147,8 +156,10 @@ static int hostNodeAlgo(gcommComm_t comm, int func, size_t bytes) {
 
 int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
 #ifdef GCOMM_GPU
-  /* recursive doubling is not in the kernels (gcomm_sched.h): forced, a GPU one runs direct */
-  if (comm->device >= 0 && comm->params.algo == gcommAlgoRecDbl)
+  /* recursive doubling and the binomial Gather and Scatter are not in the kernels
+   * (gcomm_sched.h): forced, a GPU one runs direct */
+  if (comm->device >= 0 && comm->params.algo >= 0 &&
+      gcommSchedHostOnly(func, gcommSchedAlgo(func, comm->params.algo)))
     return gcommSchedAlgo(func, gcommAlgoDirect);
 #endif
   if (comm->params.algo >= 0) return gcommSchedAlgo(func, comm->params.algo);
@@ -191,9 +202,10 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
   double bestUs = predictUs(func, best, comm->nranks, (double)bytes);
   for (int a = 0; a < gcommNumAlgos; a++) {
     double us = predictUs(func, a, comm->nranks, (double)bytes);
-    /* the two-shot and recursive doubling were measured in one node only (hostNodeAlgo), the
-     * tree all-reduce runs far slower than its hops say (above): the model never takes them */
-    int forcedOnly = a == gcommAlgoTwoShot || a == gcommAlgoRecDbl ||
+    /* the two-shot, recursive doubling and the binomial Gather and Scatter were measured in one
+     * node only (hostNodeAlgo), the tree all-reduce runs far slower than its hops say (above):
+     * the model never takes them */
+    int forcedOnly = a == gcommAlgoTwoShot || gcommSchedHostOnly(func, a) ||
                      (func == gcommFuncAllReduce && a == gcommAlgoTree);
     if (us >= 0 && us < bestUs && !forcedOnly) best = a, bestUs = us;
   }

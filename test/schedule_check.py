@@ -81,6 +81,8 @@ def check_fields(st, n, sizes):
     if st["dst"][0] == "in":
         raise Wrong("%s writes the input buffer" % where)
     for name, (buf, off) in (("src", st["src"]), ("dst", st["dst"])):
+        if buf != "-" and buf not in sizes:
+            raise Wrong("%s: %s is %s, a buffer this schedule does not have" % (where, name, buf))
         if buf != "-" and off + st["count"] > sizes[buf]:
             raise Wrong("%s: %s %s[%d..%d] is past the buffer's %d elements"
                         % (where, name, buf, off, off + st["count"] - 1, sizes[buf]))
@@ -96,6 +98,8 @@ def value_of(st, mem, got):
     where = "rank %d step %d" % (st["rank"], st["index"])
     buf, off = st["src"]
     local = mem[buf][off:off + st["count"]] if buf != "-" else None
+    if local is not None and None in local:
+        raise Wrong("%s reads %s[%d..] before anything wrote it" % (where, buf, off))
     if not got:
         if local is None:
             raise Wrong("%s has no value: nothing received and no local operand" % where)
@@ -114,8 +118,8 @@ def value_of(st, mem, got):
 
 def run(steps, n, sizes, slots):
     """Runs every rank's steps over the FIFOs; returns each rank's buffers at the end."""
-    mem = {r: {"in": [(r, i) for i in range(sizes["in"])], "out": [None] * sizes["out"]}
-           for r in range(n)}
+    mem = {r: {"in": [(r, i) for i in range(sizes["in"])], "out": [None] * sizes["out"],
+               "scr": [None] * sizes.get("scr", 0)} for r in range(n)}
     fifo = collections.defaultdict(collections.deque)  # (from, to) -> [(value, round)]
     nxt = [0] * n
     while any(nxt[r] < len(steps[r]) for r in range(n)):
@@ -231,9 +235,12 @@ def header(text):
 
 def check_one(tool, coll, algo, n, count, chunk, root):
     text = steps_of(tool, coll, algo, n, count, chunk, root)
-    slots = int(header(text)["fifo_slots"])
+    fields = header(text)
+    slots = int(fields["fifo_slots"])
     c = count or (1 if coll in PER_RANK else n)
     sizes = dict(zip(("in", "out"), BUFFERS[coll][0](c, n)))
+    if coll in ("gather", "scatter") and fields["algorithm"] == "tree":
+        sizes["scr"] = n * c  # the binomial tree's scratch: room for every block
     steps = parse_steps(text, n)
     for mine in steps.values():
         rounds = [s["round"] for s in mine]
@@ -247,11 +254,13 @@ def check_one(tool, coll, algo, n, count, chunk, root):
 
 # (count, chunk, rank counts, roots of n ranks): the default (one round, a block per rank) on
 # every rank count and root first, middle and last; a slot of 4 elements (recursive doubling runs
-# on 2, 4 and 8 ranks, its dissemination form on 3, 5, 6 and 7); several rounds of uneven blocks;
+# on 2, 4 and 8 ranks, its dissemination form on 3, 5, 6 and 7, the binomial gather and scatter on
+# every count, their subtrees wrapping past the last rank under the middle root); several rounds
+# of uneven blocks;
 # more rounds than a FIFO has slots; recursive doubling's largest group filling a slot exactly
 SIZES = [
     (0, 0, range(1, MAX_RANKS + 1), lambda n: sorted({0, n // 2, n - 1})),
-    (0, 4, range(1, MAX_RANKS + 1), lambda n: [n - 1]),
+    (0, 4, range(1, MAX_RANKS + 1), lambda n: sorted({0, n // 2, n - 1})),
     (7, 28, (2, 3, 4, 5, 6, 8), lambda n: [n - 1]),
     (7, 3, (3, 5, 8), lambda n: [n - 1]),
     (20, 2, (3, 5, 8), lambda n: [n - 1]),

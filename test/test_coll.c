@@ -70,8 +70,8 @@ static const Coll colls[NCOLLS] = {
     [ALLGATHER] = {"allgather", 0, 0, RING | DIRECT | RECDBL, 1, 0, 1, 0, 0},
     [REDUCESCATTER] = {"reducescatter", 1, 0, RING | DIRECT, 1, 1, 0, 0, 0},
     [ALLTOALL] = {"alltoall", 0, 0, 0, 1, 1, 1, 0, 0},
-    [GATHER] = {"gather", 0, 1, 0, 1, 0, 1, 0, 1},
-    [SCATTER] = {"scatter", 0, 1, 0, 0, 1, 0, 1, 0},
+    [GATHER] = {"gather", 0, 1, TREE, 1, 0, 1, 0, 1},
+    [SCATTER] = {"scatter", 0, 1, TREE, 0, 1, 0, 1, 0},
 };
 
 /* A communicator setting: algo is the GCOMM_ALGO it forces (0: the cost model chooses); sparse:

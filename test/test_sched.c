@@ -27,12 +27,13 @@
 #define MAXR 9
 #define POISON 0xdeadbeefcafef00dull
 
-/* One collective's buffers: in[r] and out[r] of every simulated rank. */
+/* One collective's buffers: in[r], out[r] and scratch[r] of every simulated rank. */
 typedef struct {
   int func, algo, n, root, fan;
-  size_t count, inLen, outLen; /* count: gcommSched_t.count; lengths in elements */
+  size_t count, inLen, outLen, scratchLen; /* count: gcommSched_t.count; lengths in elements */
   uint64_t* in[MAXR];
   uint64_t* out[MAXR];
+  uint64_t* scratch[MAXR]; /* poisoned, as a rank's scratch holds anything at the start */
 } Case;
 
 /* A FIFO from one rank to another: GCOMM_STEPS slots of payloads. */
@@ -58,6 +59,7 @@ static void bufferLengths(Case* c) {
   if (c->func == gcommFuncAllGather || c->func == gcommFuncGather) c->outLen = n * k;
   if (c->func == gcommFuncReduceScatter || c->func == gcommFuncScatter) c->inLen = n * k;
   if (c->func == gcommFuncAllToAll) c->inLen = c->outLen = n * k;
+  c->scratchLen = gcommSchedScratchElems(c->func, c->algo, c->n, k);
 }
 
 /* The serial reference: what out[r][i] must hold. */
@@ -89,7 +91,18 @@ static uint64_t expected(const Case* c, int r, size_t i) {
 }
 
 static uint64_t* buffer(const Case* c, int r, int which) {
-  return which == GCOMM_BUF_IN ? c->in[r] : which == GCOMM_BUF_OUT ? c->out[r] : NULL;
+  return which == GCOMM_BUF_IN        ? c->in[r]
+         : which == GCOMM_BUF_OUT     ? c->out[r]
+         : which == GCOMM_BUF_SCRATCH ? c->scratch[r]
+                                      : NULL;
+}
+
+/* Whether a step's range of buffer `which` lies inside it (its length on each simulated rank). */
+static int inBuffer(const Case* c, int which, size_t off, size_t count) {
+  size_t len = which == GCOMM_BUF_IN    ? c->inLen
+               : which == GCOMM_BUF_OUT ? c->outLen
+                                        : c->scratchLen;
+  return which == GCOMM_BUF_NONE || (off <= len && count <= len - off);
 }
 
 /* The sends of fan step st of rank r (one FIFO slot to every other rank), if every FIFO has
@@ -173,6 +186,8 @@ static int runStep(const Case* c, int r, const gcommStep_t* st, size_t chunk, Fi
   }
   if (st->count > chunk)
     return tlFail("rank %d: a step of %zu elements, slots hold %zu", r, st->count, chunk), -1;
+  if (!inBuffer(c, st->src, st->srcOff, st->count) || !inBuffer(c, st->dst, st->dstOff, st->count))
+    return tlFail("rank %d: a step's %zu elements pass the end of its buffer", r, st->count), -1;
   const uint64_t* src = buffer(c, r, st->src);
   uint64_t* dst = buffer(c, r, st->dst);
   const uint64_t* in[2] = {NULL, NULL};
@@ -276,8 +291,10 @@ static void runCase(Case* c, size_t chunk, size_t align, int nChannels, uint64_t
   for (int r = 0; r < c->n; r++) {
     c->in[r] = malloc((c->inLen + 1) * sizeof(uint64_t));
     c->out[r] = malloc((c->outLen + 1) * sizeof(uint64_t));
+    c->scratch[r] = malloc((c->scratchLen + 1) * sizeof(uint64_t));
     for (size_t i = 0; i < c->inLen; i++) c->in[r][i] = tlHash3(seed, (uint64_t)r, i);
     for (size_t i = 0; i < c->outLen; i++) c->out[r][i] = POISON;
+    for (size_t i = 0; i < c->scratchLen; i++) c->scratch[r][i] = POISON;
   }
   /* channels split the range at a multiple of align, as gcomm.c's */
   size_t range = c->count, cut = range, half = (range / 2 + align - 1) / align * align;
@@ -293,7 +310,7 @@ static void runCase(Case* c, size_t chunk, size_t align, int nChannels, uint64_t
       }
     }
   }
-  for (int r = 0; r < c->n; r++) free(c->in[r]), free(c->out[r]);
+  for (int r = 0; r < c->n; r++) free(c->in[r]), free(c->out[r]), free(c->scratch[r]);
 }
 
 static const char* const funcNames[] = {"AllReduce", "Broadcast",     "Reduce",

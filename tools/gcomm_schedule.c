@@ -235,7 +235,10 @@ static int play(schedule_t* s) {
 /* ---- words for a step ------------------------------------------------------------------------ */
 
 static const char* bufName(int buf) {
-  return buf == GCOMM_BUF_IN ? "in" : buf == GCOMM_BUF_OUT ? "out" : "-";
+  return buf == GCOMM_BUF_IN        ? "in"
+         : buf == GCOMM_BUF_OUT     ? "out"
+         : buf == GCOMM_BUF_SCRATCH ? "scr"
+                                    : "-";
 }
 
 /* "in[3]" or "in[4..7]" (inclusive) */
@@ -320,7 +323,8 @@ static void printHeader(const schedule_t* s) {
       colls[o->coll].func != gcommFuncReduceScatter && colls[o->coll].func != gcommFuncAllToAll)
     printf(", root %d", o->root);
   printf(
-      "\n# in[i], out[i]: element i of the rank's input and output buffers (i..j: i to j);\n"
+      "\n# in[i], out[i]: element i of the rank's input and output buffers (i..j: i to j;\n"
+      "# scr[i]: of its scratch, where a binomial gather or scatter holds a subtree's blocks);\n"
       "# recv p: the slot rank p sent; +: the reduction op; -> where the value goes: the\n"
       "# output buffer and/or send q (into the FIFO to rank q). A row is a round: the steps\n"
       "# that can run at once (\".\": the rank waits); a rank receives a slot in a round\n"
@@ -679,7 +683,7 @@ int main(int argc, char** argv) {
   if (rc) return rc == 1 ? 0 : rc;
   s.algo = gcommSchedAlgo(colls[s.o.coll].func, s.o.algo);
   gcommSched_t g = schedOf(&s, 0);
-  s.algo = gcommSchedChannelAlgo(&g); /* recursive doubling where it fits */
+  s.algo = gcommSchedChannelAlgo(&g); /* recursive doubling or binomial where it fits */
   if (loadSteps(&s) != 0 || play(&s) != 0) {
     free(s.cells);
     return 1;
