@@ -184,11 +184,15 @@ GCOMM_HD int gcommSchedAlgo(int func, int algo) {
   }
 }
 
+/* Whether func's algo is the binomial Gather or Scatter (GCOMM_ALGO=tree for those). */
+GCOMM_HD int gcommIsBinomial(int func, int algo) {
+  return algo == gcommAlgoTree && (func == gcommFuncGather || func == gcommFuncScatter);
+}
+
 /* Whether only host communicators run this algorithm (recursive doubling; the binomial Gather and
  * Scatter): the kernels do not carry it, and a GPU communicator runs direct instead. */
 GCOMM_HD int gcommSchedHostOnly(int func, int algo) {
-  return algo == gcommAlgoRecDbl ||
-         (algo == gcommAlgoTree && (func == gcommFuncGather || func == gcommFuncScatter));
+  return algo == gcommAlgoRecDbl || gcommIsBinomial(func, algo);
 }
 
 /* Chunks of the channel range; a ring AllReduce moves nranks chunks per round. */
@@ -234,9 +238,8 @@ GCOMM_HD int gcommGroupsFit(const gcommSched_t* s) {
  * binomial Gather or Scatter where they do not fit (gcommGroupsFit). */
 GCOMM_HD int gcommSchedChannelAlgo(const gcommSched_t* s) {
   if (!GCOMM_SCHED_HOST_ALGOS) return s->algo;
-  int groups =
-      (s->func == gcommFuncAllGather && s->algo == gcommAlgoRecDbl) ||
-      (s->algo == gcommAlgoTree && (s->func == gcommFuncGather || s->func == gcommFuncScatter));
+  int groups = (s->func == gcommFuncAllGather && s->algo == gcommAlgoRecDbl) ||
+               gcommIsBinomial(s->func, s->algo);
   return groups && !gcommGroupsFit(s) ? gcommAlgoDirect : s->algo;
 }
 
@@ -253,8 +256,8 @@ GCOMM_HD int gcommBinSize(int v, int n) {
   return span < n - v ? span : n - v;
 }
 GCOMM_HD int gcommBinChildren(int v, int n) {
-  int k = 0;
-  while ((1 << k) < gcommBinSpan(v, n) && v + (1 << k) < n) k++;
+  int k = 0, span = gcommBinSpan(v, n);
+  while ((1 << k) < span && v + (1 << k) < n) k++;
   return k;
 }
 /* The blocks of v's subtree before the wrap (its size where there is none), on the root's side. */
@@ -269,8 +272,7 @@ GCOMM_HD int gcommBinParts(int v, int root, int n) {
 /* Elements of scratch the operation needs on each rank: the binomial Gather's and Scatter's
  * subtrees (nranks blocks bound them all), else none. */
 GCOMM_HD size_t gcommSchedScratchElems(int func, int algo, int nranks, size_t count) {
-  int binomial = algo == gcommAlgoTree && (func == gcommFuncGather || func == gcommFuncScatter);
-  return binomial && nranks > 1 ? (size_t)nranks * count : 0;
+  return gcommIsBinomial(func, algo) && nranks > 1 ? (size_t)nranks * count : 0;
 }
 
 /* Recursive doubling's AllReduce on n ranks, p = 2^floor(log2 n) of which exchange: the first

@@ -127,9 +127,10 @@ static double predictGpuUs(int func, int algo, int proto, int n, double bytes, i
  *   11.6), the ring beyond (32 KB, beside the model's direct exchange: 21.0-23.8 us against
  *   31.1-32.2; 2 MB: 440 against 764).
  * - Gather, Scatter: from 8 ranks the binomial tree up to 128 KB in all, whose root takes
- *   ceil(log2 n) messages where the direct form's takes n-1 (medians of 2 runs, 16 ranks: gather
- *   2 KB 1.8 us against 3.4, scatter 32 KB 4.7 against 7.2; 8 ranks, 8 KB: gather 1.9 against
- *   2.2, scatter 2.3 against 3.1); beyond, and on fewer ranks, the direct form. */
+ *   ceil(log2 n) messages where the direct form's takes n-1 (medians of 3 runs, 16 ranks: gather
+ *   2 KB 2.1 us against 3.1, scatter 32 KB 4.7 against 6.5; 8 ranks, 8 KB: gather 2.0 against
+ *   2.5, scatter 2.4 against 3.4; at 4 and 6 ranks mixed); beyond, and on fewer ranks, the direct
+ *   form. */
 static int hostNodeAlgo(gcommComm_t comm, int func, size_t bytes) {
   int n = comm->nranks;
   if (comm->device >= 0 || comm->nLocal < n || n <= 2) return -1;
