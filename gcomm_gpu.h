@@ -36,6 +36,7 @@
 #define cudaError_t hipError_t
 #define cudaSuccess hipSuccess
 #define cudaErrorNotReady hipErrorNotReady
+#define cudaErrorInvalidValue hipErrorInvalidValue
 #define cudaStream_t hipStream_t
 #define cudaGetErrorName hipGetErrorName
 #define cudaGetErrorString hipGetErrorString

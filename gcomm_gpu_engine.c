@@ -273,13 +273,11 @@ static gcommResult_t runShared(gcommComm_t comm, gcommOp_t* ops, int n, void* st
 }
 #endif
 
-gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
+/* The n operations from ops in as few launches as their works fit. */
+static gcommResult_t launchOps(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
   struct gcommDev* d = comm->dev;
   gcommDevLaunch_t* a = d->args;
   int total = 0;
-#ifndef GCOMM_HIP
-  if (d->shared != NULL) return runShared(comm, ops, n, stream);
-#endif
   GCOMM_CHECK(orderWorks(comm, ops, n, &total));
   gcommResult_t res = gcommSuccess;
   WITH_DEVICE(comm, old);
@@ -318,6 +316,37 @@ gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* s
   if (res == gcommSuccess) res = launchBatch(comm, a, stream);
   RESTORE_DEVICE(comm, old);
   return res;
+}
+
+/* Whether op runs Simple fan steps, which only the FAN kernel carries (gcomm_kernels.cu). */
+static int simpleFans(const gcommOp_t* op) {
+  return op->nWorks > 0 && op->proto != gcommProtoLL && op->works[0].sched.fan;
+}
+
+/* A call's operation, or a group's in call order. A group that mixes Simple fan reductions (GPU
+ * all-reduce and reduce-scatter of 1-32 MB, gcomm_tuning.c) with other operations runs as one
+ * launch per stretch of either kind, in call order: a send of the group whose receive its peer
+ * posts only after a later collective of this group then waits for that collective (said once a
+ * communicator, at INFO). Where the peer's calls follow the same order, as a group written alike
+ * on every rank does, nothing changes. */
+gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* stream) {
+  struct gcommDev* d = comm->dev;
+#ifndef GCOMM_HIP
+  if (d->shared != NULL) return runShared(comm, ops, n, stream);
+#endif
+  while (n > 0 && ops != NULL) {
+    int fans = simpleFans(ops), k = 1;
+    gcommOp_t* next = ops->next;
+    for (; k < n && next != NULL && simpleFans(next) == fans; k++) next = next->next;
+    if (k < n && !d->saidFanSplit && (d->saidFanSplit = 1))
+      GCOMM_INFO(GCOMM_SUBSYS_COLL, comm,
+                 "a group mixing Simple fan reductions with other operations runs as several "
+                 "launches, in call order (said once a communicator)");
+    GCOMM_CHECK(launchOps(comm, ops, k, stream));
+    ops = next;
+    n -= k;
+  }
+  return gcommSuccess;
 }
 
 gcommResult_t gcommDeviceKernelError(gcommComm_t comm, const char* where) {

@@ -73,7 +73,8 @@ struct gcommDev {
   struct gcommDevProf* prof;
   const gcommWork_t** order; /* gcommDeviceLaunch: the works of a launch by queue */
   int orderCap;
-  int warnedSplit; /* the split of a group too large for one launch was said once */
+  int warnedSplit;  /* the split of a group too large for one launch was said once */
+  int saidFanSplit; /* the split of a group mixing Simple fan reductions was said once */
   /* gcommDeviceBadPointer: the latest buffers found in GPU memory */
   const void* knownPointers[GPU_POINTERS_KNOWN];
   unsigned knownNext;

@@ -14,9 +14,10 @@
  * step's flag, and nothing is fenced: the flags are the synchronisation.
  *
  * Small operations are bound by the kernel's own time, so the hot path keeps out of local
- * memory: a launch whose works are all LL runs the LL_ONLY instantiation (Simple compiled out,
- * the LL step inlined), and a block computes its next steps a batch at a time, a thread each
- * (docs/PERF.md, "Where gcomm is behind, and why").
+ * memory: a launch whose works are all LL runs the LL instantiation (Simple compiled out, the
+ * LL step inlined), one of Simple fan steps the FAN instantiation (nothing else in it), and a
+ * block computes its next steps a batch at a time, a thread each (docs/PERF.md, "Where gcomm is
+ * behind, and why").
  */
 #include <stdint.h>
 
@@ -56,10 +57,11 @@ struct StepIo {
   /* LL only */
   uint32_t flagIn[2], flagOut[2]; /* the flags of in[k] and out[k + 1] */
   int inPeer[2];                  /* for the error record */
-  /* fan steps only (in[] and out[1..2] unused): the step, every peer's slots, this rank */
+  /* fan steps only (in[] and out[1..2] unused): the step, every peer's slots, this rank, and for
+   * a Simple one which half runs (the sends, or what arrived) */
   const gcommStep_t* fanStep;
   const FanPeer* fan;
-  int rank;
+  int rank, fanSend;
 };
 
 static __device__ __forceinline__ bool isAligned(const void* p, uintptr_t a) {
@@ -114,16 +116,10 @@ static __device__ void copyWords(const char* s, bool fifo, char* const* out, siz
   }
 }
 
-static __device__ __noinline__ void copyStep(const StepIo& io, size_t esz) {
-  const char* s = io.in[0] ? io.in[0] : io.src;
-  bool fifo = io.in[0] != NULL;
-  size_t n = io.count * esz;
-  uintptr_t mix = (uintptr_t)s | n;
-  char* out[3];
-  for (int k = 0; k < 3; k++) {
-    out[k] = io.out[k] == s ? NULL : io.out[k]; /* in place: nothing to copy */
-    mix |= (uintptr_t)out[k];
-  }
+/* n bytes from s (a FIFO slot when fifo) to every non-NULL out, in the widest words all allow. */
+static __device__ __forceinline__ void copyBytes(const char* s, bool fifo, char* const* out,
+                                                 size_t n) {
+  uintptr_t mix = (uintptr_t)s | n | (uintptr_t)out[0] | (uintptr_t)out[1] | (uintptr_t)out[2];
   if ((mix & 15) == 0)
     copyWords<uint4>(s, fifo, out, n / 16);
   else if ((mix & 7) == 0)
@@ -134,6 +130,13 @@ static __device__ __noinline__ void copyStep(const StepIo& io, size_t esz) {
     copyWords<uint16_t>(s, fifo, out, n / 2);
   else
     copyWords<uint8_t>(s, fifo, out, n);
+}
+
+static __device__ __noinline__ void copyStep(const StepIo& io, size_t esz) {
+  const char* s = io.in[0] ? io.in[0] : io.src;
+  char* out[3];
+  for (int k = 0; k < 3; k++) out[k] = io.out[k] == s ? NULL : io.out[k]; /* in place: no copy */
+  copyBytes(s, io.in[0] != NULL, out, io.count * esz);
 }
 
 /* The scalar of io, typed. */
@@ -406,7 +409,27 @@ static __device__ __forceinline__ void llStep(const StepIo& io, const LlWait& w)
   }
 }
 
-/* ---- fan steps: every other rank at once, a line a thread ---- */
+/* ---- fan steps: every other rank at once ---- */
+
+/* The 8 bytes of a line as elements of type T. */
+template <typename T>
+union Line {
+  uint64_t u;
+  T e[8 / sizeof(T)];
+};
+
+/* The 8 bytes of a line scaled for PreMulSum when io says so. */
+template <int DT>
+static __device__ __forceinline__ uint64_t fanScale(const StepIo& io, uint64_t line) {
+  typedef Elem<DT> T;
+  constexpr int E = 8 / sizeof(T);
+  Line<T> v;
+  v.u = line;
+  if (io.scale)
+#pragma unroll
+    for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::preMul(v.e[e], scalarOf<DT>(io));
+  return v.u;
+}
 
 /* The 8 bytes of line j of a block of count elements at p (the last line partly), scaled for
  * PreMulSum when io says so. */
@@ -415,10 +438,7 @@ static __device__ __forceinline__ uint64_t fanLoadLine(const StepIo& io, const E
                                                        size_t j, size_t count) {
   typedef Elem<DT> T;
   constexpr int E = 8 / sizeof(T);
-  union {
-    uint64_t u;
-    T e[E];
-  } v;
+  Line<T> v;
   const size_t e0 = j * E;
   const int ne = count - e0 < (size_t)E ? (int)(count - e0) : E;
   v.u = 0;
@@ -426,19 +446,13 @@ static __device__ __forceinline__ uint64_t fanLoadLine(const StepIo& io, const E
     v.u = *(const uint64_t*)(p + e0);
   else
     for (int e = 0; e < ne; e++) v.e[e] = p[e0 + e];
-  if (io.scale)
-#pragma unroll
-    for (int e = 0; e < E; e++) v.e[e] = gcommElem<DT>::preMul(v.e[e], scalarOf<DT>(io));
-  return v.u;
+  return fanScale<DT>(io, v.u);
 }
 
 template <typename T>
 static __device__ __forceinline__ void fanStoreLine(T* p, size_t j, size_t count, uint64_t data) {
   constexpr int E = 8 / sizeof(T);
-  union {
-    uint64_t u;
-    T e[E];
-  } v;
+  Line<T> v;
   v.u = data;
   const size_t e0 = j * E;
   const int ne = count - e0 < (size_t)E ? (int)(count - e0) : E;
@@ -453,14 +467,42 @@ template <int DT>
 static __device__ __forceinline__ uint64_t fanReduceLine(int op, uint64_t a, uint64_t b) {
   typedef Elem<DT> T;
   constexpr int E = 8 / sizeof(T);
-  union {
-    uint64_t u;
-    T e[E];
-  } x, y;
+  Line<T> x, y;
   x.u = a, y.u = b;
 #pragma unroll
   for (int e = 0; e < E; e++) x.e[e] = gcommElem<DT>::reduce(op, x.e[e], y.e[e]);
   return x.u;
+}
+
+/* Avg's division of a combined line, when io says so. */
+template <int DT>
+static __device__ __forceinline__ uint64_t fanDivide(const StepIo& io, uint64_t line) {
+  typedef Elem<DT> T;
+  constexpr int E = 8 / sizeof(T);
+  if (!io.div) return line;
+  Line<T> d;
+  d.u = line;
+#pragma unroll
+  for (int e = 0; e < E; e++) d.e[e] = gcommElem<DT>::divide(d.e[e], io.nranks);
+  return d.u;
+}
+
+/* x[0] op x[1] op ... op x[n-1] over the 8 bytes of a line, in rank order (every rank that
+ * combines a block gets the same bits), then Avg's division: a Simple fan step's, which holds two
+ * words a thread. One copy of the operator's code in a loop that shifts x[] down, so that x[]
+ * stays in registers within the 64 a thread (an LL fan step unrolls its own, a line's latency on
+ * its critical path). */
+template <int DT>
+static __device__ __forceinline__ uint64_t fanCombine(const StepIo& io, int op,
+                                                      uint64_t x[GCOMM_FAN_MAX_RANKS]) {
+  uint64_t v = x[0];
+#pragma unroll 1
+  for (int k = 1; k < io.nranks; k++) {
+#pragma unroll /* x[] stays in registers only where indexed by constants */
+    for (int m = 0; m < GCOMM_FAN_MAX_RANKS - 1; m++) x[m] = x[m + 1];
+    v = fanReduceLine<DT>(op, v, x[0]);
+  }
+  return fanDivide<DT>(io, v);
 }
 
 /* Line j from every peer in `want` (a bit a rank) into raw[peer]: all loads issued, then reloaded
@@ -532,17 +574,7 @@ static __device__ __forceinline__ void fanLlStep(const StepIo& io, int op, const
       for (int k = 1; k < GCOMM_FAN_MAX_RANKS; k++)
         if (k < n)
           v = fanReduceLine<DT>(op, v, k == r ? mine : raw[k].x | (uint64_t)raw[k].z << 32);
-      if (io.div) {
-        union {
-          uint64_t u;
-          T e[E];
-        } d;
-        d.u = v;
-#pragma unroll
-        for (int e = 0; e < E; e++) d.e[e] = gcommElem<DT>::divide(d.e[e], io.nranks);
-        v = d.u;
-      }
-      fanStoreLine(dst, j, own, v);
+      fanStoreLine(dst, j, own, fanDivide<DT>(io, v));
     } else {
 #pragma unroll
       for (int p = 0; p < GCOMM_FAN_MAX_RANKS; p++)
@@ -553,9 +585,96 @@ static __device__ __forceinline__ void fanLlStep(const StepIo& io, int op, const
   }
 }
 
+/* A Simple fan step moves its blocks in 16-byte words where it can, as a Simple step does: the
+ * sends into the peers' slots (io.fanSend), then, once every slot to this rank holds its data (the
+ * caller waits for each tail), what arrived. Peers in the order rank + 1, rank + 2, ..., so that
+ * the ranks' first writes go to different GPUs. It runs in a kernel of its own (GCOMM_KERNEL_FAN),
+ * whose launches carry nothing else: in the kernels that run every Simple step its code made
+ * those steps slower (docs/PERF.md). */
+
+/* The copies of a Simple fan step, which the datatype does not change: its sends, unscaled (the
+ * same block to every peer three a pass), or what a GATHER received. */
+static __device__ __forceinline__ void fanSimpleCopies(const StepIo& io, size_t esz) {
+  const gcommStep_t* st = io.fanStep;
+  const int n = io.nranks, r = io.rank;
+  const bool same = io.fanSend && !(st->fan & GCOMM_FAN_SEND_BLOCKS);
+  for (int k = 1; k < n; k += same ? 3 : 1) {
+    const int p = (r + k) % n;
+    char* out[3] = {NULL, NULL, NULL};
+    if (same) {
+      for (int m = 0; m < 3 && k + m < n; m++) out[m] = (char*)io.fan[(p + m) % n].out;
+      copyBytes(io.src + gcommFanStart(st, r) * esz, false, out, gcommFanCount(st, r) * esz);
+    } else if (io.fanSend) {
+      out[0] = (char*)io.fan[p].out;
+      copyBytes(io.src + gcommFanStart(st, p) * esz, false, out, gcommFanCount(st, p) * esz);
+    } else {
+      out[0] = io.out[0] + gcommFanStart(st, p) * esz;
+      copyBytes((const char*)io.fan[p].in, true, out, gcommFanCount(st, p) * esz);
+    }
+  }
+}
+
+/* Every rank's block `rank` combined in rank order into dst (this rank's own from src, scaled for
+ * PreMulSum when io says so): all n loads of a 16-byte word issued before the first is used, then
+ * what is left a line at a time. */
+template <int DT>
+static __device__ __forceinline__ void fanSimpleReduce(const StepIo& io, int op) {
+  typedef Elem<DT> T;
+  constexpr int E = 8 / sizeof(T);
+  const int n = io.nranks, r = io.rank;
+  const size_t own = gcommFanCount(io.fanStep, r);
+  const T* mine = (const T*)io.src + gcommFanStart(io.fanStep, r);
+  T* dst = (T*)io.out[0];
+  const size_t nWords = isAligned(mine, 16) && isAligned(dst, 16) ? own / (2 * E) : 0;
+  uint64_t lo[GCOMM_FAN_MAX_RANKS], hi[GCOMM_FAN_MAX_RANKS];
+  for (size_t i = threadIdx.x; i < nWords; i += blockDim.x) {
+    const uint4 m = ((const uint4*)mine)[i];
+    const uint64_t mLo = fanScale<DT>(io, m.x | (uint64_t)m.y << 32);
+    const uint64_t mHi = fanScale<DT>(io, m.z | (uint64_t)m.w << 32);
+#pragma unroll /* lo[] and hi[] stay in registers only where indexed by constants */
+    for (int k = 0; k < GCOMM_FAN_MAX_RANKS; k++) {
+      const uint4 v = k != r && k < n ? ldFifo(io.fan[k].in + i) : make_uint4(0, 0, 0, 0);
+      lo[k] = k == r ? mLo : v.x | (uint64_t)v.y << 32;
+      hi[k] = k == r ? mHi : v.z | (uint64_t)v.w << 32;
+    }
+    const uint64_t a = fanCombine<DT>(io, op, lo), b = fanCombine<DT>(io, op, hi);
+    ((uint4*)dst)[i] =
+        make_uint4((uint32_t)a, (uint32_t)(a >> 32), (uint32_t)b, (uint32_t)(b >> 32));
+  }
+  for (size_t j = 2 * nWords + threadIdx.x; j < gcommDivUp(own, E); j += blockDim.x) {
+    const uint64_t m = fanLoadLine<DT>(io, mine, j, own);
+#pragma unroll
+    for (int k = 0; k < GCOMM_FAN_MAX_RANKS; k++)
+      lo[k] = k == r ? m : k < n ? ((const volatile uint64_t*)io.fan[k].in)[j] : 0;
+    fanStoreLine(dst, j, own, fanCombine<DT>(io, op, lo));
+  }
+}
+
+/* The parts of a Simple fan step the datatype changes: its sends scaled for PreMulSum
+ * (io.fanSend), or its REDUCE. */
+template <int DT>
+static __device__ __forceinline__ void fanSimpleData(const StepIo& io, int op) {
+  typedef Elem<DT> T;
+  constexpr int E = 8 / sizeof(T);
+  const gcommStep_t* st = io.fanStep;
+  const int n = io.nranks, r = io.rank;
+  if (!io.fanSend) {
+    fanSimpleReduce<DT>(io, op);
+    return;
+  }
+  for (int k = 1; k < n; k++) {
+    const int p = (r + k) % n, b = st->fan & GCOMM_FAN_SEND_BLOCKS ? p : r;
+    const size_t count = gcommFanCount(st, b);
+    const T* s = (const T*)io.src + gcommFanStart(st, b);
+    for (size_t j = threadIdx.x; j < gcommDivUp(count, E); j += blockDim.x)
+      fanStoreLine((T*)io.fan[p].out, j, count, fanLoadLine<DT>(io, s, j, count));
+  }
+}
+
 /* The step's code for datatype and op: Simple (reduceStep, LL_LINES 0), LL (llStep with
- * LL_LINES lines in flight a thread) or a fan step (LL_LINES FAN_LINES, stepT). */
+ * LL_LINES lines in flight a thread) or a fan step (LL_LINES FAN_LINES, or FAN_SIMPLE: stepT). */
 #define FAN_LINES (-1)
+#define FAN_SIMPLE (-2)
 template <int LL_LINES, int DT, int OP>
 static __device__ __forceinline__ void stepOp(const StepIo& io, const LlWait& w) {
   if constexpr (LL_LINES > 0)
@@ -566,8 +685,13 @@ static __device__ __forceinline__ void stepOp(const StepIo& io, const LlWait& w)
 
 template <int LL_LINES, int DT>
 static __device__ __forceinline__ void stepT(const StepIo& io, int op, const LlWait& w) {
-  if constexpr (LL_LINES == FAN_LINES) { /* Avg and PreMulSum are Sums here too */
-    fanLlStep<DT>(io, op == gcommProd || op == gcommMax || op == gcommMin ? op : gcommSum, w);
+  if constexpr (LL_LINES == FAN_LINES || LL_LINES == FAN_SIMPLE) {
+    /* Avg and PreMulSum are Sums here too */
+    const int fanOp = op == gcommProd || op == gcommMax || op == gcommMin ? op : gcommSum;
+    if constexpr (LL_LINES == FAN_LINES)
+      fanLlStep<DT>(io, fanOp, w);
+    else
+      fanSimpleData<DT>(io, fanOp);
   } else {
     switch (op) {
       case gcommProd:
@@ -962,12 +1086,14 @@ struct FanPos {
 };
 
 /* Thread p (p < n, not this rank) takes peer p: its FIFO positions, a free send slot (waiting for
- * the peer's head if need be), the send slot's header line, and the slots' addresses into
- * shFan[p]; then a barrier. Returns non-zero, in every thread, when a wait failed (recorded). */
+ * the peer's head if need be), the send slot's header line (LL), and the slots' addresses (LL:
+ * past their header lines) into shFan[p]; then a barrier. Returns non-zero, in every thread, when
+ * a wait failed (recorded). */
 static __device__ __forceinline__ int fanPrepare(const gcommStep_t& st, const Queue& q,
                                                  const gcommDevComm_t& comm, uint32_t tag,
-                                                 size_t esz, const LlWait& w, FanPeer* shFan,
-                                                 FanPos& pos, volatile int& shFail) {
+                                                 size_t esz, bool ll, const LlWait& w,
+                                                 FanPeer* shFan, FanPos& pos,
+                                                 volatile int& shFail) {
   const int p = threadIdx.x;
   if (p < comm.nranks && p != comm.rank) {
     pos.send = *q.sendC[p].step;
@@ -984,15 +1110,19 @@ static __device__ __forceinline__ int fanPrepare(const gcommStep_t& st, const Qu
       }
     }
     FanPeer f;
-    f.in = (const uint4*)(q.recvC[p].llSlots + (pos.recv % GCOMM_STEPS) * GCOMM_LL_SLOT_BYTES +
-                          GCOMM_LL_LINE);
-    f.out = (uint4*)(q.sendC[p].llSlots + (pos.send % GCOMM_STEPS) * GCOMM_LL_SLOT_BYTES +
-                     GCOMM_LL_LINE);
+    const size_t in = pos.recv % GCOMM_STEPS, out = pos.send % GCOMM_STEPS;
+    if (ll) {
+      f.in = (const uint4*)(q.recvC[p].llSlots + in * GCOMM_LL_SLOT_BYTES + GCOMM_LL_LINE);
+      f.out = (uint4*)(q.sendC[p].llSlots + out * GCOMM_LL_SLOT_BYTES + GCOMM_LL_LINE);
+    } else {
+      f.in = (const uint4*)(q.recvC[p].slots + in * comm.slotBytes);
+      f.out = (uint4*)(q.sendC[p].slots + out * comm.slotBytes);
+    }
     f.flagIn = (uint32_t)(pos.recv + 1);
     f.flagOut = (uint32_t)(pos.send + 1);
     shFan[p] = f;
     size_t sent = gcommFanCount(&st, st.fan & GCOMM_FAN_SEND_BLOCKS ? p : comm.rank);
-    if (!err && (st.fan & (GCOMM_FAN_SEND_SAME | GCOMM_FAN_SEND_BLOCKS)))
+    if (ll && !err && (st.fan & (GCOMM_FAN_SEND_SAME | GCOMM_FAN_SEND_BLOCKS)))
       llWrite(f.out - 1, GCOMM_SLOT_WORD(tag, sent * esz), f.flagOut);
   }
   __syncthreads();
@@ -1041,13 +1171,56 @@ static __device__ __forceinline__ StepIo fanIo(const gcommDevWork_t& w, const gc
   return io;
 }
 
-/* Thread p hands peer p's slots over: the send slot by its tail (the flags carried the data; the
- * tail only keeps count), the receive slot back by its head. */
+/* A Simple fan step between fanPrepare and fanPublish: every thread copies its share of the
+ * sends into the peers' slots; after a barrier thread p hands peer p's slot over (its word, then
+ * the tail's release, which carries every thread's stores as a Simple step's does) and waits for
+ * peer p's slot to this rank (its tail, then its word); after another barrier every thread
+ * combines or copies what arrived. Returns non-zero, in every thread, when a wait failed. */
+static __device__ __forceinline__ int fanSimpleStep(const gcommStep_t& st, StepIo io,
+                                                    const Queue& q, const FanPos& pos,
+                                                    const gcommDevWork_t& w, size_t esz,
+                                                    const LlWait& lw, volatile int& shFail) {
+  const int p = threadIdx.x, n = io.nranks, r = io.rank;
+  io.fanSend = 1;
+  if (io.scale)
+    llDataStep<FAN_SIMPLE>(io, w.datatype, w.redop, lw);
+  else
+    fanSimpleCopies(io, esz);
+  __syncthreads();
+  if (p < n && p != r) {
+    const gcommDevConn_t& s = q.sendC[p];
+    const size_t sent = gcommFanCount(&st, st.fan & GCOMM_FAN_SEND_BLOCKS ? p : r);
+    s.bytes[pos.send % GCOMM_STEPS] = GCOMM_SLOT_WORD(w.tag, sent * esz);
+    stRelease(s.tail, pos.send + 1);
+    const gcommDevConn_t& c = q.recvC[p];
+    const size_t want = gcommFanCount(&st, st.fan & GCOMM_FAN_REDUCE ? r : p);
+    const uint64_t word = GCOMM_SLOT_WORD(w.tag, want * esz);
+    uint64_t t0 = 0, got = 0;
+    int err = waitFor<true>(lw.comm, c.tail, pos.recv + 1, &t0);
+    if (!err && (got = c.bytes[pos.recv % GCOMM_STEPS]) != word) err = gcommInvalidUsage;
+    if (err) {
+      recordError(lw.gcomm, lw.comm, err, p, lw.lane, 1, lw.func, lw.step,
+                  err == gcommInvalidUsage ? got : 0, err == gcommInvalidUsage ? word : 0);
+      atomicCAS((int*)&shFail, 0, err);
+    }
+  }
+  __syncthreads();
+  if (shFail) return shFail;
+  io.fanSend = 0;
+  if (st.fan & GCOMM_FAN_REDUCE)
+    llDataStep<FAN_SIMPLE>(io, w.datatype, w.redop, lw);
+  else
+    fanSimpleCopies(io, esz);
+  return 0;
+}
+
+/* Thread p hands peer p's slots over: the send slot by its tail (LL: the flags carried the data,
+ * the tail only keeps count; Simple: released already), the receive slot back by its head. */
 static __device__ __forceinline__ void fanPublish(const Queue& q, const gcommDevComm_t& comm,
-                                                  const FanPos& pos) {
+                                                  bool ll, const FanPos& pos) {
   const int p = threadIdx.x;
   if (p >= comm.nranks || p == comm.rank) return;
-  *q.sendC[p].tail = pos.send + 1;
+  if (ll) *q.sendC[p].tail = pos.send + 1;
   *q.sendC[p].step = pos.send + 1;
   *q.recvC[p].head = pos.recv + 1;
   *q.recvC[p].step = pos.recv + 1;
@@ -1063,14 +1236,21 @@ static __device__ __forceinline__ uint64_t workScalar(const gcommDevWork_t& w, s
   return scalar;
 }
 
-/* LL_ONLY: every work of the launch uses LL (small operations): the Simple code is compiled out,
- * so nothing spills to local memory. Blocks per SM: the channel rule (gpuDefaultChannels) counts
- * on 2 blocks of every rank sharing a GPU being resident at once, which caps registers at 64; a
- * small or medium LL launch has at most GCOMM_DEV_SMALL_WORKS or GCOMM_DEV_MEDIUM_WORKS blocks,
- * which fit at one an SM (unless many ranks share the GPU: gcommComm.smallKernel, mediumKernel). */
-template <int W, bool LL_ONLY>
-__global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_MEDIUM_WORKS ? 1 : 2)
+/* What a kernel instantiation runs: every step but Simple fan steps (ANY); only LL steps (LL:
+ * small operations, the Simple code compiled out, so nothing spills to local memory); only Simple
+ * fan steps (FAN: the ANY kernels do not carry them, since their code there made every other
+ * Simple step slower, docs/PERF.md; gcommDeviceLaunch never mixes them). Blocks per SM: the channel
+ * rule (gpuDefaultChannels) counts on 2 blocks of every rank sharing a GPU being resident at once,
+ * which caps registers at 64; a small or medium LL launch has at most GCOMM_DEV_SMALL_WORKS or
+ * GCOMM_DEV_MEDIUM_WORKS blocks, which fit at one an SM (unless many ranks share the GPU:
+ * gcommComm.smallKernel, mediumKernel). */
+enum { GCOMM_KERNEL_ANY, GCOMM_KERNEL_LL, GCOMM_KERNEL_FAN };
+
+template <int W, int KIND>
+__global__ void __launch_bounds__(GCOMM_DEV_THREADS,
+                                  KIND == GCOMM_KERNEL_LL && W <= GCOMM_DEV_MEDIUM_WORKS ? 1 : 2)
     gcommKernel(const __grid_constant__ KArgs<W> a) {
+  constexpr bool LL_ONLY = KIND == GCOMM_KERNEL_LL, FAN_ONLY = KIND == GCOMM_KERNEL_FAN;
   /* shFail: thread 0's wait failed (written before a barrier, read after it); shDataFail: a wait
    * of any thread during the data phase failed (only ever set, then the block returns). */
   __shared__ volatile int shFail, shDataFail;
@@ -1112,7 +1292,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_ME
     if (a.times != NULL && tid == 0) a.times[2 * wi] = globalTimer();
     const size_t esz = gcommTypeSize(w.datatype);
     const gcommSched_t sched = w.sched;
-    const bool ll = LL_ONLY || w.proto == gcommProtoLL;
+    const bool ll = LL_ONLY || (!FAN_ONLY && w.proto == gcommProtoLL);
     const uint64_t scalar = workScalar(w, esz);
     for (long s = 0; s < w.nSteps; s++) {
       if (s % NB == 0 && (s > 0 || wi > a.first[blockIdx.x]))
@@ -1120,18 +1300,23 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_ME
       const gcommStep_t& st = shSteps[s % NB];
       const uint64_t word = GCOMM_SLOT_WORD(w.tag, st.count * esz);
       LlWait lw = {a.comm, &comm, &shDataFail, w.lane, sched.func, s};
-      if (st.fan) { /* LL: gcommChooseFan */
+      if (FAN_ONLY || st.fan) { /* gcommChooseFan */
         FanPos fp = {0, 0};
-        if (fanPrepare(st, q, comm, w.tag, esz, lw, shFan, fp, shFail)) return;
+        if (fanPrepare(st, q, comm, w.tag, esz, ll, lw, shFan, fp, shFail)) return;
         const StepIo io = fanIo(w, st, comm, shFan, esz, scalar);
-        fanHeaders(st, io, w.tag, esz, lw);
-        fanDataStep(io, w.datatype, w.redop, lw);
+        if (ll) {
+          fanHeaders(st, io, w.tag, esz, lw);
+          fanDataStep(io, w.datatype, w.redop, lw);
+        } else if constexpr (FAN_ONLY) {
+          if (fanSimpleStep(st, io, q, fp, w, esz, lw, shFail)) return;
+        }
         __syncthreads();
         if (shDataFail) return;
-        fanPublish(q, comm, fp);
+        fanPublish(q, comm, ll, fp);
         __syncthreads();
         continue;
       }
+      if constexpr (FAN_ONLY) continue;
       StepPos pos;
       if (stepPositions(st, q, ll, pos) && waitFifos(st, q, pos, ll, word, lw, shFail)) return;
       const StepIo io = stepIo(w, st, comm, q, pos, ll, esz, scalar);
@@ -1165,7 +1350,7 @@ __global__ void __launch_bounds__(GCOMM_DEV_THREADS, LL_ONLY&& W <= GCOMM_DEV_ME
 
 __global__ void gcommTimerPingKernel(volatile uint64_t* flags);
 
-template <int W, bool LL_ONLY>
+template <int W, int KIND>
 static int launch(const gcommDevLaunch_t* src, void* stream) {
   KArgs<W> k;
   k.comm = src->comm;
@@ -1174,9 +1359,9 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
   k.nBlocks = src->nBlocks;
   k.nWorks = src->nWorks;
   /* a launch that may start beside the one before it lets the one after it start beside it */
-  const bool overlap =
-      src->overlap == GCOMM_OVERLAP_EVERY ||
-      (src->overlap == GCOMM_OVERLAP_SMALL_LL && LL_ONLY && W <= GCOMM_DEV_MEDIUM_WORKS);
+  const bool overlap = src->overlap == GCOMM_OVERLAP_EVERY ||
+                       (src->overlap == GCOMM_OVERLAP_SMALL_LL && KIND == GCOMM_KERNEL_LL &&
+                        W <= GCOMM_DEV_MEDIUM_WORKS);
   k.startNext = overlap;
   for (int i = 0; i <= src->nBlocks; i++) k.first[i] = src->first[i];
   for (int i = 0; i < src->nWorks; i++) k.works[i] = src->works[i];
@@ -1196,26 +1381,39 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
     cfg.stream = (cudaStream_t)stream;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    return (int)cudaLaunchKernelEx(&cfg, gcommKernel<W, LL_ONLY>, k);
+    return (int)cudaLaunchKernelEx(&cfg, gcommKernel<W, KIND>, k);
   }
 #endif
-  gcommKernel<W, LL_ONLY><<<src->nBlocks, src->nThreads, cache, (cudaStream_t)stream>>>(k);
+  gcommKernel<W, KIND><<<src->nBlocks, src->nThreads, cache, (cudaStream_t)stream>>>(k);
   return (int)cudaGetLastError();
 }
 
 extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
   bool llOnly = true, small = args->nWorks <= GCOMM_DEV_SMALL_WORKS;
-  for (int i = 0; i < args->nWorks; i++) llOnly = llOnly && args->works[i].proto == gcommProtoLL;
+  int simpleFans = 0;
+  for (int i = 0; i < args->nWorks; i++) {
+    const gcommDevWork_t& w = args->works[i];
+    llOnly = llOnly && w.proto == gcommProtoLL;
+    simpleFans += w.proto != gcommProtoLL && w.sched.fan;
+  }
+  /* Simple fan steps (CUDA only: gcommChooseFan) run in the FAN kernel, in launches of their own
+   * (gcommDeviceLaunch) */
+#ifndef GCOMM_HIP
+  if (simpleFans == args->nWorks)
+    return launch<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_FAN>(args, stream);
+#endif
+  if (simpleFans > 0) return (int)cudaErrorInvalidValue;
   /* the small and medium LL kernels run 1 block an SM: with too many ranks on this GPU for that,
    * the large one (2 an SM) */
   if (llOnly) {
-    if (small && args->smallKernel) return launch<GCOMM_DEV_SMALL_WORKS, true>(args, stream);
+    if (small && args->smallKernel)
+      return launch<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_LL>(args, stream);
     if (args->nWorks <= GCOMM_DEV_MEDIUM_WORKS && args->mediumKernel)
-      return launch<GCOMM_DEV_MEDIUM_WORKS, true>(args, stream);
-    return launch<GCOMM_DEV_MAX_WORKS, true>(args, stream);
+      return launch<GCOMM_DEV_MEDIUM_WORKS, GCOMM_KERNEL_LL>(args, stream);
+    return launch<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_LL>(args, stream);
   }
-  return small ? launch<GCOMM_DEV_SMALL_WORKS, false>(args, stream)
-               : launch<GCOMM_DEV_MAX_WORKS, false>(args, stream);
+  return small ? launch<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_ANY>(args, stream)
+               : launch<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_ANY>(args, stream);
 }
 
 /* Loads every kernel instantiation now (cudaFuncGetAttributes loads a function's code, as NCCL
@@ -1234,11 +1432,12 @@ extern "C" int gcommKernelsLoad(size_t* stackBytes) {
    * at link time, and the HIP build has not run on AMD hardware to show it needs this */
   return (int)cudaSuccess;
 #else
-  const void* fns[] = {(const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, true>,
-                       (const void*)gcommKernel<GCOMM_DEV_MEDIUM_WORKS, true>,
-                       (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, true>,
-                       (const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, false>,
-                       (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, false>,
+  const void* fns[] = {(const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_LL>,
+                       (const void*)gcommKernel<GCOMM_DEV_MEDIUM_WORKS, GCOMM_KERNEL_LL>,
+                       (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_LL>,
+                       (const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_ANY>,
+                       (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_ANY>,
+                       (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_FAN>,
                        (const void*)gcommTimerPingKernel};
   size_t need = 0;
   for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {

@@ -25,6 +25,11 @@
 /* GPU reductions that take fan steps up to this size (a quarter of it on 2 ranks: gcommChooseAlgo)
  */
 #define GPU_FAN_MAX_BYTES (512u << 10)
+/* and Simple fan steps in these ranges (simpleFanAlgo) */
+#define GPU_SIMPLE_FAN_MIN_BYTES (1u << 20)
+#define GPU_SIMPLE_FAN_PAIR_RS_MIN_BYTES (2u << 20)
+#define GPU_SIMPLE_FAN_PAIR_AR_MAX_BYTES (8u << 20)
+#define GPU_SIMPLE_FAN_MAX_BYTES (32u << 20)
 
 /* An algorithm's two cost terms: FIFO hops one after another, and bytes each rank moves per byte
  * of `bytes`, the size nccl-tests reports (the whole buffer; AllGather: the output;
@@ -155,6 +160,34 @@ static int hostNodeAlgo(gcommComm_t comm, int func, size_t bytes) {
   }
 }
 
+#ifdef GCOMM_GPU
+/* The fan reduction that Simple steps run fastest at this size, or -1 (nccl-tests with graphs,
+ * every algorithm forced beside the default, docs/PERF.md). 4 H200: the two-shot all-reduce from
+ * 1 MB (20.9 us against the ring's 22.2; 4 MB 37.5 against 50.9, 32 MB 175.6 against 179.5) and
+ * the direct reduce-scatter (1 MB 12.2 against 13.7, 4 MB 21.3 against 30.1, 32 MB 97.0 against
+ * 114.2); below 1 MB LL's fans are faster (all-reduce 512 KB 17.1 against 19.2). 2 H200: the
+ * one-shot all-reduce from 1 MB to 8 MB (4 MB 26.6 against the ring's 32.4, 8 MB 45.7 against
+ * 46.1; 16 MB 88.2 against 75.7), the direct reduce-scatter from 2 MB (15.1 against 17.1, 32 MB
+ * 76.5 against 87.0; 1 MB level). Measured up to 32 MB: beyond, the ring. Not where GCOMM_PROTO
+ * forces LL. */
+static int simpleFanAlgo(gcommComm_t comm, int func, size_t bytes) {
+  int pair = comm->nranks == 2, algo;
+  if (func == gcommFuncAllReduce)
+    algo = pair ? gcommAlgoDirect : gcommAlgoTwoShot;
+  else if (func == gcommFuncReduceScatter)
+    algo = gcommAlgoDirect;
+  else
+    return -1;
+  if (comm->params.proto == gcommProtoLL || !gcommChooseFan(comm, func, algo, gcommProtoSimple))
+    return -1;
+  size_t lo = pair && func == gcommFuncReduceScatter ? GPU_SIMPLE_FAN_PAIR_RS_MIN_BYTES
+                                                     : GPU_SIMPLE_FAN_MIN_BYTES;
+  size_t hi = pair && func == gcommFuncAllReduce ? GPU_SIMPLE_FAN_PAIR_AR_MAX_BYTES
+                                                 : GPU_SIMPLE_FAN_MAX_BYTES;
+  return bytes >= lo && bytes <= hi ? algo : -1;
+}
+#endif
+
 int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
 #ifdef GCOMM_GPU
   /* recursive doubling and the binomial Gather and Scatter are not in the kernels
@@ -176,6 +209,8 @@ int gcommChooseAlgo(gcommComm_t comm, int func, size_t bytes) {
    * two steps: reduce-scatter 128 KB 5.5 against 6.2, 512 KB 8.2 against 7.7, the two-shot
    * all-reduce 512 KB 13.8 against 10.2). Elsewhere the ring. */
   if (comm->device >= 0) {
+    int simpleFan = simpleFanAlgo(comm, func, bytes);
+    if (simpleFan >= 0) return simpleFan;
     int ll = gcommChooseProto(comm, func, gcommAlgoRing, bytes, 0) == gcommProtoLL;
     size_t copies = bytes * (size_t)(comm->nranks - 1);
     if (func == gcommFuncAllReduce && copies <= (ll ? 384u << 10 : 2u << 20))
@@ -289,6 +324,7 @@ int gcommChooseProto(gcommComm_t comm, int func, int algo, size_t bytes, int nPa
   if (comm->device < 0 || spansNodes(comm) || copiesByEngine(comm)) return gcommProtoSimple;
   if (comm->params.proto >= 0) return comm->params.proto;
 #ifdef GCOMM_GPU
+  if (simpleFanAlgo(comm, func, bytes) == algo) return gcommProtoSimple;
   double us[gcommNumProtos];
   for (int p = 0; p < gcommNumProtos; p++)
     us[p] = predictGpuUs(func, algo, p, comm->nranks, (double)bytes,
@@ -320,14 +356,20 @@ size_t gcommChooseStepBytes(gcommComm_t comm, int func, int proto, int nParts, s
 }
 
 /* Whether a GPU reduction takes fan steps (gcomm_sched.h: every other rank in one step): the
- * one-shot and two-shot all-reduce and the direct reduce-scatter with LL, whose lines carry their
- * own flags, so that a block's threads poll every peer's at once, on up to GCOMM_FAN_MAX_RANKS
- * ranks. Every rank decides alike. */
+ * one-shot and two-shot all-reduce and the direct reduce-scatter, on up to GCOMM_FAN_MAX_RANKS
+ * ranks. With LL a block's threads poll every peer's lines at once; with Simple each peer's slot
+ * is handed over by its tail, which only the kernels' own FIFOs carry (not a proxy's), in a kernel
+ * of their own (CUDA: the HIP build leaves it out, its compile the build's longest). Every rank
+ * decides alike. */
 int gcommChooseFan(gcommComm_t comm, int func, int algo, int proto) {
   int direct = algo == gcommAlgoDirect || (func == gcommFuncAllReduce && algo == gcommAlgoTwoShot);
   int reduction = func == gcommFuncAllReduce || func == gcommFuncReduceScatter;
-  return comm->device >= 0 && proto == gcommProtoLL && reduction && direct &&
-         comm->nranks <= GCOMM_FAN_MAX_RANKS;
+#if defined(GCOMM_GPU) && !defined(GCOMM_HIP)
+  int fifos = proto == gcommProtoLL || !hasGpuProxy(comm);
+#else
+  int fifos = proto == gcommProtoLL;
+#endif
+  return comm->device >= 0 && fifos && reduction && direct && comm->nranks <= GCOMM_FAN_MAX_RANKS;
 }
 
 void gcommTuningPrint(gcommComm_t comm) {
