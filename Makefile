@@ -54,7 +54,8 @@ NVCCFLAGS += -O3 -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Werror all-w
 CFLAGS    += -DGCOMM_CUDA -I$(CUDA_HOME)/include
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
 LIB_SRC   += $(GPU_SRC) gcomm_gpu_shared.c
-LIB_OBJ   += $(BUILD)/obj/gcomm_kernels.o $(BUILD)/obj/gcomm_reduce_kernels.o
+LIB_OBJ   += $(BUILD)/obj/gcomm_kernels.o $(BUILD)/obj/gcomm_kernels_general.o \
+             $(BUILD)/obj/gcomm_reduce_kernels.o
 endif
 ifeq ($(HIP),1)
 HIPCC     ?= hipcc
@@ -72,7 +73,7 @@ HIPFLAGS  += -O3 -std=c++17 -fPIC -Wall -Wextra -Werror $(foreach a,$(HIP_ARCH),
 CFLAGS    += -DGCOMM_HIP -D__HIP_PLATFORM_AMD__
 LDLIBS    += -lamdhip64
 LIB_SRC   += $(GPU_SRC)
-LIB_OBJ   += $(BUILD)/obj/gcomm_kernels_hip.o
+LIB_OBJ   += $(BUILD)/obj/gcomm_kernels_hip.o $(BUILD)/obj/gcomm_kernels_general_hip.o
 endif
 ifeq ($(OFI),1)
 CFLAGS    += -DGCOMM_OFI $(OFI_CFLAGS)
@@ -120,15 +121,22 @@ CONFIG = $(BUILD)/config
 $(BUILD)/obj/%.o: %.c $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -c $< -o $@
+# the kernels: two objects from one source, compiled at once (gcomm_kernels.cu says how it splits)
 $(BUILD)/obj/gcomm_kernels.o: gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(BUILD)/obj/gcomm_kernels_general.o: gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DGCOMM_KERNELS_GENERAL -c $< -o $@
 $(BUILD)/obj/gcomm_reduce_kernels.o: gcomm_reduce_kernels.cu $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 $(BUILD)/obj/gcomm_kernels_hip.o: gcomm_kernels.hip gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(HIPCC) $(HIPFLAGS) -c $< -o $@
+$(BUILD)/obj/gcomm_kernels_general_hip.o: gcomm_kernels.hip gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(HIPCC) $(HIPFLAGS) -DGCOMM_KERNELS_GENERAL -c $< -o $@
 
 $(BUILD)/libgcomm.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^

@@ -1388,6 +1388,43 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
   return (int)cudaGetLastError();
 }
 
+/* The kernels compile as two objects from this one source, which make -j compiles at once (the
+ * instantiations are most of the build's time): with GCOMM_KERNELS_GENERAL defined, the general
+ * kernels (GCOMM_KERNEL_ANY) and their two entry points below; without, the rest. */
+extern "C" int gcommKernelLaunchGeneral(const gcommDevLaunch_t* args, void* stream);
+extern "C" int gcommKernelsLocalBytesGeneral(size_t* need);
+
+#ifndef GCOMM_HIP
+/* *need: at least the largest local memory a thread of fns[0..n) uses (this loads their code) */
+static int maxLocalBytes(const void* const* fns, int n, size_t* need) {
+  for (int i = 0; i < n; i++) {
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaFuncGetAttributes(&attr, fns[i]);
+    if (e != cudaSuccess) return (int)e;
+    if (attr.localSizeBytes > *need) *need = attr.localSizeBytes;
+  }
+  return (int)cudaSuccess;
+}
+#endif
+
+#ifdef GCOMM_KERNELS_GENERAL
+extern "C" int gcommKernelLaunchGeneral(const gcommDevLaunch_t* args, void* stream) {
+  return args->nWorks <= GCOMM_DEV_SMALL_WORKS
+             ? launch<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_ANY>(args, stream)
+             : launch<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_ANY>(args, stream);
+}
+
+extern "C" int gcommKernelsLocalBytesGeneral(size_t* need) {
+#ifdef GCOMM_HIP
+  (void)need;
+  return (int)cudaSuccess;
+#else
+  const void* fns[] = {(const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_ANY>,
+                       (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_ANY>};
+  return maxLocalBytes(fns, 2, need);
+#endif
+}
+#else
 extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
   bool llOnly = true, small = args->nWorks <= GCOMM_DEV_SMALL_WORKS;
   int simpleFans = 0;
@@ -1412,8 +1449,7 @@ extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
       return launch<GCOMM_DEV_MEDIUM_WORKS, GCOMM_KERNEL_LL>(args, stream);
     return launch<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_LL>(args, stream);
   }
-  return small ? launch<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_ANY>(args, stream)
-               : launch<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_ANY>(args, stream);
+  return gcommKernelLaunchGeneral(args, stream);
 }
 
 /* Loads every kernel instantiation now (cudaFuncGetAttributes loads a function's code, as NCCL
@@ -1435,18 +1471,12 @@ extern "C" int gcommKernelsLoad(size_t* stackBytes) {
   const void* fns[] = {(const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_LL>,
                        (const void*)gcommKernel<GCOMM_DEV_MEDIUM_WORKS, GCOMM_KERNEL_LL>,
                        (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_LL>,
-                       (const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_ANY>,
-                       (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_ANY>,
                        (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_FAN>,
                        (const void*)gcommTimerPingKernel};
   size_t need = 0;
-  for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
-    cudaFuncAttributes attr;
-    cudaError_t e = cudaFuncGetAttributes(&attr, fns[i]);
-    if (e != cudaSuccess) return (int)e;
-    if (attr.localSizeBytes > need) need = attr.localSizeBytes;
-  }
-  cudaError_t e = cudaDeviceGetLimit(stackBytes, cudaLimitStackSize);
+  cudaError_t e = (cudaError_t)maxLocalBytes(fns, sizeof(fns) / sizeof(fns[0]), &need);
+  if (e == cudaSuccess) e = (cudaError_t)gcommKernelsLocalBytesGeneral(&need);
+  if (e == cudaSuccess) e = cudaDeviceGetLimit(stackBytes, cudaLimitStackSize);
   if (e == cudaSuccess && *stackBytes < need) {
     e = cudaDeviceSetLimit(cudaLimitStackSize, need);
     if (e == cudaSuccess) *stackBytes = need;
@@ -1472,3 +1502,4 @@ extern "C" int gcommKernelTimerPing(volatile uint64_t* flags, void* stream) {
   gcommTimerPingKernel<<<1, 1, 0, (cudaStream_t)stream>>>(flags);
   return (int)cudaGetLastError();
 }
+#endif /* GCOMM_KERNELS_GENERAL */

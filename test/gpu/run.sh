@@ -41,9 +41,12 @@ step() { # name timeout command...
   return $rc
 }
 # make is quick when the build is there already (a second call on a warm machine)
-# KERNELS_PREBUILT=1: $B/obj/gcomm_kernels.o was compiled on the CPU machine and carried here
-# (it needs neither MPI nor NCCL): make uses it as it is, saving the one long compile
-KEEP=(); [ "$KERNELS_PREBUILT" = 1 ] && [ -f $B/obj/gcomm_kernels.o ] && KEEP=(-o $B/obj/gcomm_kernels.o)
+# KERNELS_PREBUILT=1: the kernels' objects were compiled on the CPU machine and carried here
+# (they need neither MPI nor NCCL): make uses them as they are, saving the long compiles.
+# keep_kernels DIR: make's arguments that keep DIR's kernel objects
+KOBJ="gcomm_kernels.o gcomm_kernels_general.o"
+keep_kernels() { [ "$KERNELS_PREBUILT" = 1 ] && for o in $KOBJ; do echo "-o $1/obj/$o"; done; }
+KEEP=($(keep_kernels $B))
 step build 300 make -j"$(nproc)" "${KEEP[@]}" CUDA=1 CUDA_ARCH=90 BUILD=$B MPICC="$MPICC" "${EXTRA[@]}" $NCCLARG gpu-test || exit 1
 want test && step test_${NR}r${NG}g 400 $RUN $NR $B/test/gpu/test_gpu
 want test && step fault_${NR}r 120 $RUN $NR $B/test/gpu/test_gpu_fault   # abort, kernel mismatch, async error
@@ -241,10 +244,10 @@ if want net; then
   printf '#!/bin/bash\nr=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}\nexport GCOMM_HOSTID=node$((r / NET_RPN))\nexec "$@"\n' >"$node"
   chmod +x "$node"
   # the kernels' object depends on neither MPI nor libfabric: the main build's saves a compile
-  mkdir -p $BN/obj && cp -p $B/obj/gcomm_kernels.o $BN/obj/ 2>/dev/null
+  mkdir -p $BN/obj && for o in $KOBJ; do cp -p $B/obj/$o $BN/obj/ 2>/dev/null; done
   if [ -z "$MPIEXEC_MPICH" ] || [ -z "$OFI_LIBS" ]; then
     echo "=== net: skipped (no MPICH/libfabric: source .devdeps/setup.sh)" | tee -a "$OUT/summary.log"
-  elif step build_net 300 make -j"$(nproc)" ${KEEP[0]:+-o $BN/obj/gcomm_kernels.o} CUDA=1 CUDA_ARCH=90 OFI=1 BUILD=$BN MPICC=gcc \
+  elif step build_net 300 make -j"$(nproc)" $(keep_kernels $BN) CUDA=1 CUDA_ARCH=90 OFI=1 BUILD=$BN MPICC=gcc \
       MPI_CFLAGS="$MPICH_CFLAGS" MPI_LIBS="$MPICH_LIBS" OFI_CFLAGS="$OFI_CFLAGS" OFI_LIBS="$OFI_LIBS" gpu-test; then
     export GCOMM_OFI_PROVIDER=tcp FI_TCP_IFACE=lo
     NET_RPN=1 TEST_NGPUS=1 step net_2n1r_1g 200 $MPIEXEC_MPICH -n 2 "$node" $BN/test/gpu/test_gpu --quick
@@ -273,7 +276,7 @@ want hmem && ! (
   node=$(mktemp -d)/node.sh
   printf '#!/bin/bash\nr=${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}\nexport GCOMM_HOSTID=node$((r / NET_RPN))\nexec "$@"\n' >"$node"
   chmod +x "$node"
-  mkdir -p $BH/obj && cp -p $B/obj/gcomm_kernels.o $BH/obj/ 2>/dev/null
+  mkdir -p $BH/obj && for o in $KOBJ; do cp -p $B/obj/$o $BH/obj/ 2>/dev/null; done
   hmemfail=0
   if [ -z "$MPIEXEC_MPICH" ] || [ ! -f .devdeps-ofi/setup.sh ]; then
     echo "=== hmem: FAILED: no MPICH (.devdeps/setup.sh) or no .devdeps-ofi (a libfabric built with CUDA)" | tee -a "$OUT/summary.log"
@@ -282,7 +285,7 @@ want hmem && ! (
     source .devdeps-ofi/setup.sh   # OFI_CFLAGS, OFI_LIBS (rpath), LD_LIBRARY_PATH, fi_info
     export LD_LIBRARY_PATH="${CUDA_HOME:-/usr/local/cuda}/lib64:$LD_LIBRARY_PATH"   # libfabric dlopens libcudart.so
     { fi_info --version; FI_LOG_LEVEL=warn fi_info -c FI_HMEM -t FI_EP_RDM; } > "$OUT/hmem_fi_info.log" 2>&1
-    step build_hmem 300 make -j"$(nproc)" ${KEEP[0]:+-o $BH/obj/gcomm_kernels.o} CUDA=1 CUDA_ARCH=90 OFI=1 BUILD=$BH MPICC=gcc \
+    step build_hmem 300 make -j"$(nproc)" $(keep_kernels $BH) CUDA=1 CUDA_ARCH=90 OFI=1 BUILD=$BH MPICC=gcc \
       MPI_CFLAGS="$MPICH_CFLAGS" MPI_LIBS="$MPICH_LIBS" OFI_CFLAGS="$OFI_CFLAGS" OFI_LIBS="$OFI_LIBS" gpu-test || hmemfail=1
   fi
   # hmem_check LOG RANKS: every rank's network FIFO slots in GPU memory, none staged
