@@ -1389,8 +1389,9 @@ static int launch(const gcommDevLaunch_t* src, void* stream) {
 }
 
 /* The kernels compile as two objects from this one source, which make -j compiles at once (the
- * instantiations are most of the build's time): with GCOMM_KERNELS_GENERAL defined, the general
- * kernels (GCOMM_KERNEL_ANY) and their two entry points below; without, the rest. */
+ * instantiations are most of the build's time, the general ones the longest): with
+ * GCOMM_KERNELS_GENERAL defined, the general kernel of large launches (GCOMM_KERNEL_ANY,
+ * GCOMM_DEV_MAX_WORKS) and its two entry points below; without, the rest. */
 extern "C" int gcommKernelLaunchGeneral(const gcommDevLaunch_t* args, void* stream);
 extern "C" int gcommKernelsLocalBytesGeneral(size_t* need);
 
@@ -1409,9 +1410,7 @@ static int maxLocalBytes(const void* const* fns, int n, size_t* need) {
 
 #ifdef GCOMM_KERNELS_GENERAL
 extern "C" int gcommKernelLaunchGeneral(const gcommDevLaunch_t* args, void* stream) {
-  return args->nWorks <= GCOMM_DEV_SMALL_WORKS
-             ? launch<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_ANY>(args, stream)
-             : launch<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_ANY>(args, stream);
+  return launch<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_ANY>(args, stream);
 }
 
 extern "C" int gcommKernelsLocalBytesGeneral(size_t* need) {
@@ -1419,9 +1418,8 @@ extern "C" int gcommKernelsLocalBytesGeneral(size_t* need) {
   (void)need;
   return (int)cudaSuccess;
 #else
-  const void* fns[] = {(const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_ANY>,
-                       (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_ANY>};
-  return maxLocalBytes(fns, 2, need);
+  const void* fn = (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_ANY>;
+  return maxLocalBytes(&fn, 1, need);
 #endif
 }
 #else
@@ -1449,7 +1447,8 @@ extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
       return launch<GCOMM_DEV_MEDIUM_WORKS, GCOMM_KERNEL_LL>(args, stream);
     return launch<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_LL>(args, stream);
   }
-  return gcommKernelLaunchGeneral(args, stream);
+  return small ? launch<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_ANY>(args, stream)
+               : gcommKernelLaunchGeneral(args, stream);
 }
 
 /* Loads every kernel instantiation now (cudaFuncGetAttributes loads a function's code, as NCCL
@@ -1471,6 +1470,7 @@ extern "C" int gcommKernelsLoad(size_t* stackBytes) {
   const void* fns[] = {(const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_LL>,
                        (const void*)gcommKernel<GCOMM_DEV_MEDIUM_WORKS, GCOMM_KERNEL_LL>,
                        (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_LL>,
+                       (const void*)gcommKernel<GCOMM_DEV_SMALL_WORKS, GCOMM_KERNEL_ANY>,
                        (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_FAN>,
                        (const void*)gcommTimerPingKernel};
   size_t need = 0;
