@@ -122,21 +122,18 @@ $(BUILD)/obj/%.o: %.c $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(MPICC) $(CFLAGS) -c $< -o $@
 # the kernels: two objects from one source, compiled at once (gcomm_kernels.cu says how it splits)
-$(BUILD)/obj/gcomm_kernels.o: gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
+$(BUILD)/obj/gcomm_kernels.o $(BUILD)/obj/gcomm_kernels_general.o: gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-$(BUILD)/obj/gcomm_kernels_general.o: gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -DGCOMM_KERNELS_GENERAL -c $< -o $@
 $(BUILD)/obj/gcomm_reduce_kernels.o: gcomm_reduce_kernels.cu $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-$(BUILD)/obj/gcomm_kernels_hip.o: gcomm_kernels.hip gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
+$(BUILD)/obj/gcomm_kernels_hip.o $(BUILD)/obj/gcomm_kernels_general_hip.o: \
+    gcomm_kernels.hip gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(HIPCC) $(HIPFLAGS) -c $< -o $@
-$(BUILD)/obj/gcomm_kernels_general_hip.o: gcomm_kernels.hip gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
-	@mkdir -p $(dir $@)
-	$(HIPCC) $(HIPFLAGS) -DGCOMM_KERNELS_GENERAL -c $< -o $@
+$(BUILD)/obj/gcomm_kernels_general.o: NVCCFLAGS += -DGCOMM_KERNELS_GENERAL
+$(BUILD)/obj/gcomm_kernels_general_hip.o: HIPFLAGS += -DGCOMM_KERNELS_GENERAL
 
 $(BUILD)/libgcomm.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^

@@ -1413,15 +1413,12 @@ extern "C" int gcommKernelLaunchGeneral(const gcommDevLaunch_t* args, void* stre
   return launch<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_ANY>(args, stream);
 }
 
+#ifndef GCOMM_HIP /* gcommKernelsLoad's only caller, which loads nothing on ROCm */
 extern "C" int gcommKernelsLocalBytesGeneral(size_t* need) {
-#ifdef GCOMM_HIP
-  (void)need;
-  return (int)cudaSuccess;
-#else
   const void* fn = (const void*)gcommKernel<GCOMM_DEV_MAX_WORKS, GCOMM_KERNEL_ANY>;
   return maxLocalBytes(&fn, 1, need);
-#endif
 }
+#endif
 #else
 extern "C" int gcommKernelLaunch(const gcommDevLaunch_t* args, void* stream) {
   bool llOnly = true, small = args->nWorks <= GCOMM_DEV_SMALL_WORKS;

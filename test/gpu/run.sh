@@ -45,7 +45,7 @@ step() { # name timeout command...
 # (they need neither MPI nor NCCL): make uses them as they are, saving the long compiles.
 # keep_kernels DIR: make's arguments that keep DIR's kernel objects
 KOBJ="gcomm_kernels.o gcomm_kernels_general.o"
-keep_kernels() { [ "$KERNELS_PREBUILT" = 1 ] && for o in $KOBJ; do echo "-o $1/obj/$o"; done; }
+keep_kernels() { [ "$KERNELS_PREBUILT" = 1 ] && for o in $KOBJ; do [ -f $1/obj/$o ] && echo "-o $1/obj/$o"; done; }
 KEEP=($(keep_kernels $B))
 step build 300 make -j"$(nproc)" "${KEEP[@]}" CUDA=1 CUDA_ARCH=90 BUILD=$B MPICC="$MPICC" "${EXTRA[@]}" $NCCLARG gpu-test || exit 1
 want test && step test_${NR}r${NG}g 400 $RUN $NR $B/test/gpu/test_gpu
