@@ -53,9 +53,9 @@ NVCCFLAGS += -O3 -std=c++17 -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Werror all-w
              --split-compile=0 $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) -I.
 CFLAGS    += -DGCOMM_CUDA -I$(CUDA_HOME)/include
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
-LIB_SRC   += $(GPU_SRC) gcomm_gpu_shared.c
+LIB_SRC   += $(GPU_SRC) gcomm_gpu_shared.c gcomm_gpu_direct.c
 LIB_OBJ   += $(BUILD)/obj/gcomm_kernels.o $(BUILD)/obj/gcomm_kernels_general.o \
-             $(BUILD)/obj/gcomm_reduce_kernels.o
+             $(BUILD)/obj/gcomm_reduce_kernels.o $(BUILD)/obj/gcomm_direct_kernels.o
 endif
 ifeq ($(HIP),1)
 HIPCC     ?= hipcc
@@ -125,7 +125,8 @@ $(BUILD)/obj/%.o: %.c $(LIB_HDR) $(CONFIG)
 $(BUILD)/obj/gcomm_kernels.o $(BUILD)/obj/gcomm_kernels_general.o: gcomm_kernels.cu $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-$(BUILD)/obj/gcomm_reduce_kernels.o: gcomm_reduce_kernels.cu $(LIB_HDR) $(CONFIG)
+$(BUILD)/obj/gcomm_reduce_kernels.o $(BUILD)/obj/gcomm_direct_kernels.o: \
+    $(BUILD)/obj/%.o: %.cu $(LIB_HDR) $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 $(BUILD)/obj/gcomm_kernels_hip.o $(BUILD)/obj/gcomm_kernels_general_hip.o: \

@@ -229,6 +229,16 @@ static inline int doneAtOnce(gcommComm_t comm, gcommStream_t stream, size_t coun
   return 1;
 }
 
+/* An all-gather captured into a graph runs straight between the ranks' buffers, not as parts. */
+static int directCall(gcommComm_t comm, const gcommOp_t* a, gcommStream_t stream) {
+#ifdef GCOMM_GPU
+  return comm->device >= 0 && gcommDeviceDirectCall(comm, a, stream);
+#else
+  (void)comm, (void)a, (void)stream;
+  return 0;
+#endif
+}
+
 /* A data call's operation, checked and enqueued: an AllGather, AllToAll, Gather or Scatter may
  * move as its vector form's parts (gcommByParts) instead of its schedule. Out of line, so that
  * doneAtOnce's path saves no register and builds no record. */
@@ -247,7 +257,8 @@ static __attribute__((noinline)) gcommResult_t enqueueCall(
                 func == gcommFuncGather || func == gcommFuncScatter;
   if (!byParts) return gcommEnqueue(comm, &a, stream, where);
   GCOMM_CHECK(gcommEnqueueCheck(comm, stream, where));
-  if (gcommByParts(comm, &a)) return gcommCollParts(comm, &a, stream, where);
+  if (gcommByParts(comm, &a) && !directCall(comm, &a, stream))
+    return gcommCollParts(comm, &a, stream, where);
   return gcommEnqueueChecked(comm, &a, stream, where);
 }
 

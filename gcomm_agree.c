@@ -167,6 +167,16 @@ gcommResult_t gcommAllgather(gcommComm_t comm, const void* mine, size_t bytes, v
   return boxExchange(comm, b->pages, b->pageRank, b->nranks, mine, bytes, all, "setup exchange");
 }
 
+gcommResult_t gcommPagesAllgather(gcommComm_t comm, const void* mine, size_t bytes, void* all,
+                                  const char* what) {
+  int* ranks = malloc((size_t)comm->nranks * sizeof(int));
+  if (ranks == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+  for (int r = 0; r < comm->nranks; r++) ranks[r] = r;
+  gcommResult_t res = boxExchange(comm, comm, ranks, comm->nranks, mine, bytes, all, what);
+  free(ranks);
+  return res;
+}
+
 gcommResult_t gcommBootFromPages(gcommComm_t comm, gcommComm_t pages, const int* pageRank, int rank,
                                  int nranks) {
   struct gcommBoot* b = calloc(1, sizeof(*b) + (size_t)nranks * sizeof(int));

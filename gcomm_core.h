@@ -126,6 +126,11 @@ struct gcommBoot {
 /* MPI_Allgather of bytes from every rank, or, for a communicator made by gcommCommShrink, the
  * same over status pages (a deadline on each rank, a death named). Collective. */
 gcommResult_t gcommAllgather(gcommComm_t comm, const void* mine, size_t bytes, void* all);
+/* The same over comm's own status pages among all its ranks, never MPI (every rank of comm on
+ * this node, or reached through its transports' boxes): for exchanges while the caller enqueues,
+ * where MPI may be in the caller's hands. what names it in errors. Collective. */
+gcommResult_t gcommPagesAllgather(gcommComm_t comm, const void* mine, size_t bytes, void* all,
+                                  const char* what);
 /* comm (not set up yet) will exchange over the pages of pages, its rank r being pageRank[r]. */
 gcommResult_t gcommBootFromPages(gcommComm_t comm, gcommComm_t pages, const int* pageRank, int rank,
                                  int nranks);
@@ -261,6 +266,9 @@ int gcommChooseProto(gcommComm_t comm, int func, int algo, size_t bytes, int nPa
 size_t gcommChooseStepBytes(gcommComm_t comm, int func, int proto, int nParts, size_t share);
 int gcommChooseFan(gcommComm_t comm, int func, int algo, int proto);
 int gcommByParts(gcommComm_t comm, const gcommOp_t* args);
+/* Whether a collective of bytes (its whole data: an all-gather's output, a reduce-scatter's input)
+ * captured into a CUDA graph runs straight between the ranks' buffers (GCOMM_GRAPH_REGISTER). */
+int gcommDirectPays(gcommComm_t comm, int func, size_t bytes);
 void gcommTuningPrint(gcommComm_t comm);
 
 /* ---- gcomm_bootstrap.c ---- */

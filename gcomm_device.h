@@ -80,10 +80,11 @@ typedef struct {
   uint64_t* step;           /* this side's counter, in this rank's memory */
 } gcommDevConn_t;
 
+#define GCOMM_DEV_WAIT_MEET 2 /* the direct kernel's meeting (lane: its block) */
 /* The first failure a kernel saw, in mapped host memory: gcommWait reports it. */
 typedef struct {
-  volatile int code; /* 0, or a gcommResult_t */
-  int peer, lane, isRecv, func;
+  volatile int code;            /* 0, or a gcommResult_t */
+  int peer, lane, isRecv, func; /* isRecv: 0 a send, 1 a receive, GCOMM_DEV_WAIT_MEET */
   long step;
   unsigned long long got, expected;
 } gcommDevError_t;
@@ -167,6 +168,29 @@ int gcommPreMulLaunch(void* dst, size_t dstPitch, const void* src, size_t srcPit
                       size_t rows, int datatype, uint64_t scalar, const void* scalarPtr,
                       void* stream);
 
+/* ---- gcomm_direct_kernels.cu (CUDA only): a collective captured into a CUDA graph over every
+ * local rank's own buffers, mapped at capture (gcomm_gpu_direct.c). Block b of each rank meets
+ * block b of every other rank through their mailboxes before and after its share of
+ * out[k][i] = in[0][i] op ... op in[nIn - 1][i] for every output k (or of out[k] = in[k]). */
+#define GCOMM_DIRECT_MAX_RANKS 16
+#define GCOMM_DIRECT_BLOCKS \
+  32 /* blocks a launch runs at most: each rank's mailbox words a sender */
+typedef struct {
+  const void* in[GCOMM_DIRECT_MAX_RANKS]; /* combined in this order: the same bits everywhere */
+  void* out[GCOMM_DIRECT_MAX_RANKS];      /* as this rank addresses them (mapped peers' buffers) */
+  /* every rank's mailbox as this rank addresses it: [sender][GCOMM_DIRECT_BLOCKS] words, which
+   * only the sender writes and only the owner reads */
+  volatile uint64_t* mailbox[GCOMM_DIRECT_MAX_RANKS];
+  uint64_t* meetings;   /* this rank's [GCOMM_DIRECT_BLOCKS]: how many times each block has met */
+  gcommDevComm_t* comm; /* device copy: abort flag, deadline, error record and its claim */
+  size_t count;         /* elements this rank combines (0: it only meets the others) */
+  int nIn, nOut, datatype, redop, func, rank, nranks, nBlocks;
+  int divide; /* Avg: the result divided by this; 0: not */
+  int pairs;  /* out[k] = in[k] for each k < nOut, nothing combined (count elements each) */
+} gcommDirectArgs_t;
+/* Returns a cudaError_t. */
+int gcommDirectLaunch(const gcommDirectArgs_t* args, void* stream);
+
 #ifdef __cplusplus
 }
 #endif
@@ -195,6 +219,10 @@ size_t gcommDeviceShmBytes(gcommComm_t comm);
 gcommResult_t gcommDeviceSetup(gcommComm_t comm, gcommCard_t* card);
 /* Opens every local peer's region and builds the device connections (after the card exchange). */
 gcommResult_t gcommDeviceConnect(gcommComm_t comm);
+/* Whether op, a call of its own, runs straight between the ranks' buffers (gcomm_gpu_direct.c):
+ * comm has that path, stream is being captured into a CUDA graph, and the cost model takes it for
+ * the call (gcommDirectPays); the same answer on every rank that captures the call. */
+int gcommDeviceDirectCall(gcommComm_t comm, const gcommOp_t* op, void* stream);
 /* One launch for ops (a list linked by next, n of them); frees nothing. */
 gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* stream);
 /* gcommSuccess when stream is idle, gcommInProgress when not, or the kernels' error. */

@@ -109,6 +109,7 @@ gcommResult_t gcommDeviceConnect(gcommComm_t comm) {
   if (res == gcommSuccess) res = gcommGpuCopyConnect(comm, hc);
 #ifndef GCOMM_HIP
   if (res == gcommSuccess && comm->sharedCopy) res = gcommGpuSharedConnect(comm);
+  if (res == gcommSuccess) res = gcommGpuDirectConnect(comm);
 #endif
 #ifdef GCOMM_OFI
   if (res == gcommSuccess && comm->net != NULL) res = gcommGpuNetConnect(comm, hc, steps);
@@ -323,6 +324,13 @@ static int simpleFans(const gcommOp_t* op) {
   return op->nWorks > 0 && op->proto != gcommProtoLL && op->works[0].sched.fan;
 }
 
+#ifdef GCOMM_HIP
+int gcommDeviceDirectCall(gcommComm_t comm, const gcommOp_t* op, void* stream) {
+  (void)comm, (void)op, (void)stream;
+  return 0; /* no direct path: gcomm_gpu_direct.c is CUDA only */
+}
+#endif
+
 /* A call's operation, or a group's in call order. A group that mixes Simple fan reductions (GPU
  * all-reduce and reduce-scatter of 1-32 MB, gcomm_tuning.c) with other operations runs as one
  * launch per stretch of either kind, in call order: a send of the group whose receive its peer
@@ -333,6 +341,11 @@ gcommResult_t gcommDeviceLaunch(gcommComm_t comm, gcommOp_t* ops, int n, void* s
   struct gcommDev* d = comm->dev;
 #ifndef GCOMM_HIP
   if (d->shared != NULL) return runShared(comm, ops, n, stream);
+  if (n == 1 && gcommDeviceDirectCall(comm, ops, stream)) {
+    int done = 0;
+    GCOMM_CHECK(gcommGpuDirectRun(comm, ops, stream, &done));
+    if (done) return gcommSuccess;
+  }
 #endif
   while (n > 0 && ops != NULL) {
     int fans = simpleFans(ops), k = 1;
@@ -370,11 +383,13 @@ gcommResult_t gcommDeviceKernelError(gcommComm_t comm, const char* where) {
                          "GPU %s channel %d step %ld: rank %d made a different call: %s", fn,
                          e->lane, e->step, e->peer, what);
   }
+  const char* what = e->isRecv == GCOMM_DEV_WAIT_MEET ? "meet (graph-captured direct call)"
+                     : e->isRecv                      ? "receive from"
+                                                      : "send to";
   return gcommSetError(comm, (gcommResult_t)code, e->peer, where,
                        "GPU %s lane %d step %ld: waited more than GCOMM_TIMEOUT_MS=%lld to %s "
                        "rank %d",
-                       fn, e->lane, e->step, (long long)comm->params.timeoutMs,
-                       e->isRecv ? "receive from" : "send to", e->peer);
+                       fn, e->lane, e->step, (long long)comm->params.timeoutMs, what, e->peer);
 }
 
 gcommResult_t gcommDeviceTest(gcommComm_t comm, void* stream, const char* where) {
@@ -586,6 +601,7 @@ void gcommDeviceFree(gcommComm_t comm) {
   }
 #ifndef GCOMM_HIP
   gcommGpuSharedFree(comm); /* keeps its staging too when d->keepMemory */
+  gcommGpuDirectFree(comm);
 #endif
   if (old >= 0) cudaSetDevice(old);
   free(d->marks);

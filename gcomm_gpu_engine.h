@@ -68,6 +68,8 @@ struct gcommDev {
 
   /* ranks all on one GPU, run by stream-ordered copies (gcomm_gpu_shared.c), or NULL */
   struct gcommShared* shared;
+  /* graph-captured collectives straight between the ranks' buffers (gcomm_gpu_direct.c), or NULL */
+  struct gcommDirect* direct;
 
   /* the profiler's kernel timestamps (section at the end), or NULL */
   struct gcommDevProf* prof;
@@ -151,6 +153,30 @@ gcommResult_t gcommGpuSharedConnect(gcommComm_t comm);
 /* One call or group's operations as stream-ordered work on stream, meeting the peers' calls. */
 gcommResult_t gcommGpuSharedRun(gcommComm_t comm, gcommOp_t* ops, int n, void* stream);
 void gcommGpuSharedFree(gcommComm_t comm);
+/* A buffer's allocation exported for CUDA IPC: cuPointerGetAttributes (through the runtime's
+ * entry points) gives its start and its id, never reused in the process; the handle made for the
+ * latest send (which 0) and receive (1) buffer's allocation is kept. */
+typedef struct {
+  void* pointerAttributes; /* cuPointerGetAttributes, or NULL: no buffer can be exported */
+  struct {
+    unsigned long long id;
+    cudaIpcMemHandle_t handle;
+  } last[2];
+} gcommBufferExport_t;
+void gcommBufferExportInit(gcommBufferExport_t* x);
+/* card's handle, id and offset [which] for buf; 0 when its allocation cannot be exported. */
+int gcommBufferExport(gcommBufferExport_t* x, int which, const void* buf, gcommSharedCard_t* card);
+
+/* ---- gcomm_gpu_direct.c: graph-captured collectives between mapped buffers (CUDA) ---- */
+/* Collective, at connect: with GCOMM_GRAPH_REGISTER=1 on a communicator whose every rank is on
+ * this node with FIFOs in GPU memory (CUDA IPC, no copy engines), each rank's mailbox, exchanged
+ * and opened by every rank; nothing otherwise (d->direct stays NULL). */
+gcommResult_t gcommGpuDirectConnect(gcommComm_t comm);
+/* op, which gcommDeviceDirectCall takes: if every rank's buffers can be mapped, it is captured
+ * as the direct kernel (*done = 1); else *done = 0 on every rank alike. Meets every rank over the
+ * status pages. */
+gcommResult_t gcommGpuDirectRun(gcommComm_t comm, const gcommOp_t* op, void* stream, int* done);
+void gcommGpuDirectFree(gcommComm_t comm);
 
 /* ---- gcomm_gpu_prof.c: the profiler's kernel timestamps ---- */
 void gcommGpuProfStage(struct gcommDevProf* p, int work, void* parent);

@@ -95,13 +95,49 @@ struct gcommShared {
   } maps[DIRECT_MAPS]; /* the lead rank: other ranks' allocations it has mapped */
   int nMaps;
   uint64_t mapClock;
-  /* cuPointerGetAttributes: a buffer's allocation (its start, its process-wide unique id) */
-  CUresult (*pointerAttributes)(unsigned n, CUpointer_attribute* attrs, void** data, CUdeviceptr p);
-  struct {
-    unsigned long long id;
-    cudaIpcMemHandle_t handle;
-  } lastCard[2]; /* the allocations of this rank's latest send and receive buffers */
+  gcommBufferExport_t export; /* this rank's buffers' allocations, for the lead */
 };
+
+/* ---- buffers exported for CUDA IPC (this path's direct calls, gcomm_gpu_direct.c's) ---- */
+
+/* cuPointerGetAttributes, through the runtime's driver entry points (no link to libcuda):
+ * without it no buffer is exported. */
+void gcommBufferExportInit(gcommBufferExport_t* x) {
+  enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  void* fn = NULL;
+  memset(x, 0, sizeof(*x));
+  if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault,
+                                       &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    fn = NULL;
+  }
+  x->pointerAttributes = fn;
+}
+
+int gcommBufferExport(gcommBufferExport_t* x, int which, const void* buf, gcommSharedCard_t* card) {
+  typedef CUresult (*attributes_t)(unsigned n, CUpointer_attribute* attrs, void** data,
+                                   CUdeviceptr p);
+  unsigned long long id = 0, start = 0;
+  CUpointer_attribute attrs[2] = {CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR};
+  void* data[2] = {&id, &start};
+  if (x->pointerAttributes == NULL ||
+      ((attributes_t)x->pointerAttributes)(2, attrs, data, (CUdeviceptr)(uintptr_t)buf) !=
+          CUDA_SUCCESS)
+    return 0;
+  if (x->last[which].id != id) {
+    if (cudaIpcGetMemHandle(&x->last[which].handle, (void*)(uintptr_t)start) != cudaSuccess) {
+      cudaGetLastError(); /* not sticky: the call goes another way */
+      return 0;
+    }
+    x->last[which].id = id;
+  }
+  memcpy(card->handle[which], &x->last[which].handle, sizeof(cudaIpcMemHandle_t));
+  card->id[which] = id;
+  card->offset[which] = (uintptr_t)buf - start;
+  return 1;
+}
 
 /* ---- setup and teardown ---- */
 
@@ -143,20 +179,6 @@ static gcommResult_t openPeers(gcommComm_t comm, struct gcommShared* s, sharedCa
   return gcommSuccess;
 }
 
-/* cuPointerGetAttributes, through the runtime's driver entry points (no link to libcuda):
- * without it no call goes the direct path. */
-static void findPointerAttributes(struct gcommShared* s) {
-  enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  void* fn = NULL;
-  if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &fn, 12000, cudaEnableDefault,
-                                       &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    cudaGetLastError();
-    fn = NULL;
-  }
-  s->pointerAttributes = (CUresult(*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr))fn;
-}
-
 gcommResult_t gcommGpuSharedConnect(gcommComm_t comm) {
   int n = comm->nranks;
   struct gcommShared* s = calloc(1, sizeof(*s));
@@ -170,7 +192,7 @@ gcommResult_t gcommGpuSharedConnect(gcommComm_t comm) {
   s->collSlot = (size_t)comm->params.sharedChunk / 256 * 256;
   s->smCopy = comm->params.sharedCopyBy == 1;
   s->p2pSlot = s->collSlot / 4 / 256 * 256 > 4096 ? s->collSlot / 4 / 256 * 256 : 4096;
-  findPointerAttributes(s);
+  gcommBufferExportInit(&s->export);
   mine.failed = makeOwn(comm, s, &mine) != gcommSuccess;
   /* every rank reaches the exchange, so that one rank's failure fails all of them */
   int rc = MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all, sizeof(mine), MPI_BYTE, comm->mpiComm);
@@ -190,7 +212,7 @@ gcommResult_t gcommGpuSharedConnect(gcommComm_t comm) {
         comm->device, n, stagingBytes(s, n), s->collSlot, s->p2pSlot,
         s->smCopy ? "a kernel (GCOMM_SHARED_GPU_COPY=sm)" : "copy engines",
         !comm->params.sharedDirect ? "every call through staging (GCOMM_SHARED_GPU_DIRECT=0)"
-        : s->pointerAttributes == NULL
+        : s->export.pointerAttributes == NULL
             ? "every call through staging (no cuPointerGetAttributes in the driver)"
             : "all-reduce, reduce, reduce-scatter, all-gather, broadcast run by rank 0 alone");
   return res;
@@ -648,28 +670,6 @@ static gcommResult_t gpuIdleStep(shRun_t* run, void* arg, int* done, int* moved)
   return gcommSuccess;
 }
 
-/* The IPC handle of buf's allocation (its id and offset too); 0 if it cannot be shared. */
-static int shareable(struct gcommShared* s, int which, const void* buf, gcommSharedCard_t* card) {
-  unsigned long long id = 0, start = 0;
-  CUpointer_attribute attrs[2] = {CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR};
-  void* data[2] = {&id, &start};
-  if (s->pointerAttributes == NULL ||
-      s->pointerAttributes(2, attrs, data, (CUdeviceptr)(uintptr_t)buf) != CUDA_SUCCESS)
-    return 0;
-  if (s->lastCard[which].id != id) {
-    if (cudaIpcGetMemHandle(&s->lastCard[which].handle, (void*)(uintptr_t)start) != cudaSuccess) {
-      cudaGetLastError(); /* not sticky: the call takes the staging */
-      return 0;
-    }
-    s->lastCard[which].id = id;
-  }
-  memcpy(card->handle[which], &s->lastCard[which].handle, sizeof(cudaIpcMemHandle_t));
-  card->id[which] = id;
-  card->offset[which] = (uintptr_t)buf - start;
-  return 1;
-}
-
 /* This rank's card: the IPC handle of each buffer's allocation and the buffer's offset in it. */
 static void postCard(shRun_t* run, const gcommOp_t* op) {
   int me = run->comm->rank;
@@ -678,7 +678,7 @@ static void postCard(shRun_t* run, const gcommOp_t* op) {
   card->ok = 1;
   card->tag = op->tag;
   for (int w = 0; w < 2; w++)
-    if (directUses(op, me, w)) card->ok &= shareable(run->s, w, buf[w], card);
+    if (directUses(op, me, w)) card->ok &= gcommBufferExport(&run->s->export, w, buf[w], card);
 }
 
 static gcommResult_t answerStep(shRun_t* run, void* arg, int* done, int* moved) {

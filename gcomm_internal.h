@@ -119,7 +119,8 @@ typedef struct {
   int sharedGpu;         /* GCOMM_SHARED_GPU: GCOMM_SHARED_GPU_AUTO, _KERNELS or _COPY */
   int64_t sharedChunk;   /* GCOMM_SHARED_GPU_CHUNK: bytes of a collective staging slot */
   int sharedCopyBy;      /* GCOMM_SHARED_GPU_COPY: 0 copy engines, 1 a copy kernel (SMs) */
-  int sharedDirect;      /* GCOMM_SHARED_GPU_DIRECT: 1 one rank runs a whole collective */
+  int64_t sharedDirect;  /* GCOMM_SHARED_GPU_DIRECT: 1 one rank runs a whole collective */
+  int64_t graphRegister; /* GCOMM_GRAPH_REGISTER: graph-captured calls between mapped buffers */
   int64_t shmMemcpy;     /* GCOMM_SHM_USE_CUDA_MEMCPY */
   int64_t shmMemcpyMode; /* GCOMM_SHM_MEMCPY_MODE: GCOMM_SHM_COPY_SEND | GCOMM_SHM_COPY_RECV */
   int64_t shmLocality;   /* GCOMM_SHM_LOCALITY: GCOMM_SHM_AT_SENDER or GCOMM_SHM_AT_RECEIVER */

@@ -119,6 +119,10 @@ static const gcommParamDef_t paramTable[] = {
      "GCOMM_SHARED_GPU=copy: 1 the lowest rank runs a whole collective over the others' buffers "
      "(CUDA IPC); 0 always the staging",
      SHARED},
+    {"GCOMM_GRAPH_REGISTER", "1", PARAM_INT, PARAM_AT(graphRegister), NULL, 0, 2,
+     "a collective captured into a CUDA graph runs straight between the ranks' buffers, mapped at "
+     "capture (CUDA, one node): 1 at the sizes where that is faster, 2 at every size, 0 never",
+     SHARED},
     {"GCOMM_PDL", "1", PARAM_INT, PARAM_AT(pdl), NULL, 0, 1,
      "0: a GPU launch never starts before the previous one on its stream has finished", LOCAL},
 #endif

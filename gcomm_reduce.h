@@ -21,6 +21,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __cplusplus
+#include <type_traits> /* gcommByDatatype */
+#endif
+
 #include "gcomm_sched.h" /* GCOMM_HD */
 #include "gcomm_types.h"
 
@@ -355,6 +359,22 @@ struct gcommElem;
   };
 GCOMM_DATATYPES(GCOMM_ELEM)
 #undef GCOMM_ELEM
+
+/* Calls f(std::integral_constant<int, TYPE>()) for datatype's TYPE, the datatype a constant in f;
+ * false for a value that is no datatype. */
+template <typename F>
+static inline bool gcommByDatatype(int datatype, F f) {
+  switch (datatype) {
+#define GCOMM_CASE(TYPE, t, T, KIND, P)     \
+  case TYPE:                                \
+    f(std::integral_constant<int, TYPE>()); \
+    return true;
+    GCOMM_DATATYPES(GCOMM_CASE)
+#undef GCOMM_CASE
+    default:
+      return false;
+  }
+}
 
 #else
 /* ---- The host executor's loops over n elements at any byte address (a double at +1 is legal C

@@ -13,8 +13,6 @@
 #endif
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "gcomm_device.h"
 #include "gcomm_gpu.h"
 #include "gcomm_reduce.h"
@@ -80,19 +78,10 @@ extern "C" int gcommCopyLaunch(void* dst, size_t dstPitch, const void* src, size
   return (int)cudaGetLastError();
 }
 
-/* Launches for datatype: launch(std::integral_constant<int, TYPE>()); then the launch's error. */
+/* Launches for datatype (gcommByDatatype); then the launch's error. */
 template <typename F>
 static int byDatatype(int datatype, F launch) {
-  switch (datatype) {
-#define GCOMM_CASE(TYPE, t, T, KIND, P)          \
-  case TYPE:                                     \
-    launch(std::integral_constant<int, TYPE>()); \
-    break;
-    GCOMM_DATATYPES(GCOMM_CASE)
-#undef GCOMM_CASE
-    default:
-      return (int)cudaErrorInvalidValue;
-  }
+  if (!gcommByDatatype(datatype, launch)) return (int)cudaErrorInvalidValue;
   return (int)cudaGetLastError();
 }
 

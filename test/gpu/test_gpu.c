@@ -5,8 +5,10 @@
  * reference (the inputs are small integers, so every reduction order gives the exact same result);
  * the ops include PreMulSum, with a host-immediate scalar and with one in device memory that a copy
  * on the stream writes after the operator is made (so the kernel must read it when it runs), each
- * rank its own; AllToAll in place too. Then send/recv, a fused group, and an all-reduce inside CUDA
- * graph capture. Ranks pick GPU localRank % TEST_NGPUS (default: every visible GPU).
+ * rank its own; AllToAll in place too. Then every case captured into a CUDA graph, launched
+ * twice (the buffers prepared afresh), on the FIFO kernels and straight between the ranks' buffers
+ * (GCOMM_GRAPH_REGISTER); send/recv, a fused group, and an all-reduce replayed three times from
+ * one graph, then run eagerly. Ranks pick GPU localRank % TEST_NGPUS (default: every visible GPU).
  * TEST_SHARED_COPY=1: every rank is on one GPU and runs the copy path (GCOMM_SHARED_GPU: no
  * kernel waits for a peer), where algorithms and protocols play no part: only the cost model's
  * run, and graph capture must be refused.
@@ -180,76 +182,44 @@ static gcommRedOp_t caseOp(gcommComm_t comm, cudaStream_t s, int dt, int op) {
   return redop;
 }
 
-/* One case; returns 0 on success. */
-static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size_t count,
-                   int inPlace, int seed, const char* algo) {
-  int n = nranks, root = (seed % n);
+/* One case's buffers: the poisoned output and this rank's input (element j of its whole input:
+ * val(rank, j)), where the call reads it; *sendbuf and *recvbuf the call's arguments. */
+static void prepareCase(int f, int dt, int op, size_t count, int inPlace, int seed, char** sendbuf,
+                        char** recvbuf) {
+  int n = nranks;
   size_t esz = gcommTypeSize(dt);
   size_t inCount = count, outCount = count;
   if (f == 3 || f == 6) outCount = count * n; /* AllGather, Gather */
   if (f == 4 || f == 7) inCount = count * n;  /* ReduceScatter, Scatter */
   if (f == 5) inCount = outCount = count * n; /* AllToAll */
-  int isRed = f == 0 || f == 2 || f == 4;
-  gcommRedOp_t redop = isRed ? caseOp(comm, s, dt, op) : gcommSum;
-  /* inputs: element j of the whole input of rank r */
   for (size_t j = 0; j < inCount; j++) put(hIn, dt, j, val(rank, j, op, seed, dt));
   memset(hOut, 0xAB, outCount * esz);
   CU(cudaMemcpy(dOut, hOut, outCount * esz, cudaMemcpyHostToDevice));
-  char* sendbuf = dIn;
-  char* recvbuf = dOut;
+  *sendbuf = dIn;
+  *recvbuf = dOut;
   if (inPlace) {
     if (f == 3 || f == 6)
-      sendbuf = dOut + rank * count * esz; /* AllGather, Gather */
+      *sendbuf = dOut + rank * count * esz; /* AllGather, Gather */
     else if (f == 4 || f == 7) {
-      sendbuf = dOut;
-      recvbuf = dOut + rank * count * esz;
+      *sendbuf = dOut;
+      *recvbuf = dOut + rank * count * esz;
     } else
-      sendbuf = dOut;
-    if (f == 4 || f == 7) {
-      CU(cudaMemcpy(dOut, hIn, inCount * esz, cudaMemcpyHostToDevice));
-    } else if (f == 3 || f == 6) {
-      CU(cudaMemcpy(sendbuf, hIn, inCount * esz, cudaMemcpyHostToDevice));
-    } else {
-      CU(cudaMemcpy(dOut, hIn, inCount * esz, cudaMemcpyHostToDevice));
-    }
+      *sendbuf = dOut;
+    CU(cudaMemcpy(*sendbuf, hIn, inCount * esz, cudaMemcpyHostToDevice));
   } else {
     CU(cudaMemcpy(dIn, hIn, inCount * esz, cudaMemcpyHostToDevice));
   }
   /* cudaMemcpy from pageable memory may return before its DMA lands, and s does not wait for
    * the legacy stream: finish the copies first */
   CU(cudaDeviceSynchronize());
-  /* every third case alone in a group: a group's launch runs fan reductions step by step */
-  int grouped = seed % 3 == 0;
-  if (grouped) CK(gcommGroupStart());
-  switch (f) {
-    case 0:
-      CK(gcommAllReduce(sendbuf, recvbuf, count, dt, redop, comm, s));
-      break;
-    case 1:
-      CK(gcommBroadcast(sendbuf, recvbuf, count, dt, root, comm, s));
-      break;
-    case 2:
-      CK(gcommReduce(sendbuf, recvbuf, count, dt, redop, root, comm, s));
-      break;
-    case 3:
-      CK(gcommAllGather(sendbuf, recvbuf, count, dt, comm, s));
-      break;
-    case 4:
-      CK(gcommReduceScatter(sendbuf, recvbuf, count, dt, redop, comm, s));
-      break;
-    case 5:
-      CK(gcommAllToAll(sendbuf, recvbuf, count, dt, comm, s));
-      break;
-    case 6:
-      CK(gcommGather(sendbuf, recvbuf, count, dt, root, comm, s));
-      break;
-    case 7:
-      CK(gcommScatter(sendbuf, recvbuf, count, dt, root, comm, s));
-      break;
-  }
-  if (grouped) CK(gcommGroupEnd());
-  if ((int)redop >= gcommNumOps) CK(gcommRedOpDestroy(redop, comm)); /* the call captured it */
-  CK(gcommWait(comm, s));
+}
+
+/* The output of one case against the host reference; returns 0 when it matches. */
+static int checkCase(int f, int dt, int op, size_t count, int inPlace, int seed,
+                     const char* recvbuf, const char* algo, int graph) {
+  int n = nranks, root = (seed % n), isRed = f == 0 || f == 2 || f == 4;
+  size_t esz = gcommTypeSize(dt), outCount = count;
+  if (f == 3 || f == 6 || f == 5) outCount = count * n; /* AllGather, Gather, AllToAll */
   size_t checkCount = outCount;
   if (f == 4 || f == 7) checkCount = count;
   if ((f == 2 || f == 6) && rank != root) checkCount = 0;
@@ -289,13 +259,73 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
     memcpy(&want, hRef + k * esz, esz);
     if (failures++ < 20)
       fprintf(stderr,
-              "FAIL rank %d: %s %s %s%s algo %s count %zu %s root %d: element %zu is "
+              "FAIL rank %d: %s %s %s%s algo %s count %zu %s%s root %d: element %zu is "
               "0x%llx, expected 0x%llx\n",
               rank, fnames[f], tnames[dt], isRed ? "op " : "", isRed ? onames[op] : "", algo, count,
-              inPlace ? "in-place" : "out-of-place", root, k, got, want);
+              inPlace ? "in-place" : "out-of-place", graph ? " graph" : "", root, k, got, want);
     return 1;
   }
   return 0;
+}
+
+/* One case; returns 0 on success. graph: the call is captured into a CUDA graph, which is
+ * launched twice, the buffers prepared afresh and checked each time. */
+static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size_t count,
+                   int inPlace, int seed, const char* algo, int graph) {
+  int root = seed % nranks, isRed = f == 0 || f == 2 || f == 4;
+  gcommRedOp_t redop = isRed ? caseOp(comm, s, dt, op) : gcommSum;
+  char *sendbuf, *recvbuf;
+  prepareCase(f, dt, op, count, inPlace, seed, &sendbuf, &recvbuf);
+  cudaGraph_t g = NULL;
+  cudaGraphExec_t exec = NULL;
+  if (graph) CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  /* every third case alone in a group: a group's launch runs fan reductions step by step */
+  int grouped = seed % 3 == 0;
+  if (grouped) CK(gcommGroupStart());
+  switch (f) {
+    case 0:
+      CK(gcommAllReduce(sendbuf, recvbuf, count, dt, redop, comm, s));
+      break;
+    case 1:
+      CK(gcommBroadcast(sendbuf, recvbuf, count, dt, root, comm, s));
+      break;
+    case 2:
+      CK(gcommReduce(sendbuf, recvbuf, count, dt, redop, root, comm, s));
+      break;
+    case 3:
+      CK(gcommAllGather(sendbuf, recvbuf, count, dt, comm, s));
+      break;
+    case 4:
+      CK(gcommReduceScatter(sendbuf, recvbuf, count, dt, redop, comm, s));
+      break;
+    case 5:
+      CK(gcommAllToAll(sendbuf, recvbuf, count, dt, comm, s));
+      break;
+    case 6:
+      CK(gcommGather(sendbuf, recvbuf, count, dt, root, comm, s));
+      break;
+    case 7:
+      CK(gcommScatter(sendbuf, recvbuf, count, dt, root, comm, s));
+      break;
+  }
+  if (grouped) CK(gcommGroupEnd());
+  if ((int)redop >= gcommNumOps) CK(gcommRedOpDestroy(redop, comm)); /* the call captured it */
+  if (graph) {
+    CU(cudaStreamEndCapture(s, &g));
+    CU(cudaGraphInstantiate(&exec, g, 0));
+  }
+  int bad = 0;
+  for (int launch = 0; launch < (graph ? 2 : 1) && !bad; launch++) {
+    if (launch > 0) prepareCase(f, dt, op, count, inPlace, seed, &sendbuf, &recvbuf);
+    if (graph) CU(cudaGraphLaunch(exec, s));
+    CK(gcommWait(comm, s));
+    bad = checkCase(f, dt, op, count, inPlace, seed, recvbuf, algo, graph);
+  }
+  if (graph) {
+    CU(cudaGraphExecDestroy(exec));
+    CU(cudaGraphDestroy(g));
+  }
+  return bad;
 }
 
 /* graph capture: an in-place all-reduce of ones, replayed 3 times -> n^3; then an eager one.
@@ -408,7 +438,8 @@ int main(int argc, char** argv) {
         for (int op = 0; op < (isRed ? NOPS : 1); op++) {
           if (quick && isRed && op > 0 && dt != 7 && dt != 6 && dt != gcommFloat8e4m3) continue;
           for (int c = 0; c < nCounts; c++)
-            for (int ip = 0; ip < 2; ip++) runCase(comm, s, f, dt, op, counts[c], ip, seed++, what);
+            for (int ip = 0; ip < 2; ip++)
+              runCase(comm, s, f, dt, op, counts[c], ip, seed++, what, 0);
         }
       }
     }
@@ -421,12 +452,44 @@ int main(int argc, char** argv) {
   unsetenv("GCOMM_ALGO");
   unsetenv("GCOMM_PROTO");
 
+  /* every collective captured into a CUDA graph, each graph launched twice: on the FIFO kernels
+   * (GCOMM_GRAPH_REGISTER=0), then with the all-reduce, broadcast, reduce, all-gather and
+   * reduce-scatter straight between the ranks' buffers at every size (2; mapped at capture,
+   * PreMulSum excepted). The copy path refuses capture (below). */
+  for (int reg = 0; reg <= 2 && !sharedCopy; reg += 2) {
+    char what[32];
+    snprintf(what, sizeof(what), "graph/register=%d", reg);
+    setenv("GCOMM_GRAPH_REGISTER", reg ? "2" : "0", 1);
+    gcommComm_t comm;
+    CK(gcommCommInitMPI(&comm, MPI_COMM_WORLD, NULL));
+    int before = failures;
+    for (int f = 0; f < 8; f++) {
+      int isRed = f == 0 || f == 2 || f == 4;
+      for (int dt = 0; dt < gcommNumTypes; dt++) {
+        int eachSize = dt == 0 || dt == 6 || dt == 7 || dt == 8;
+        if (!isRed && !eachSize) continue;
+        for (int op = 0; op < (isRed ? NOPS : 1); op++) {
+          if (quick && isRed && op > 0 && dt != 7 && dt != 6 && dt != gcommFloat8e4m3) continue;
+          for (int c = 0; c < 3; c++)
+            for (int ip = 0; ip < 2; ip++)
+              runCase(comm, s, f, dt, op, counts[c], ip, seed++, what, 1);
+        }
+      }
+    }
+    if (rank == 0)
+      printf("%-19s: %s (%d checks so far)\n", what, failures == before ? "ok" : "FAILED", checks);
+    fflush(stdout);
+    CK(gcommCommDestroy(comm));
+    unsetenv("GCOMM_GRAPH_REGISTER");
+  }
+
   /* send/recv around the ring, a fused group, and graph capture */
   gcommComm_t comm;
   CK(gcommCommInitMPI(&comm, MPI_COMM_WORLD, NULL));
   {
     /* 1.6 MB: the all-reduce takes Simple fan steps, so the group runs as three launches (the
-     * send and receive, the all-reduce, the all-gather), and the graph captures the FAN kernel */
+     * send and receive, the all-reduce, the all-gather); the graph captures the direct kernel
+     * (GCOMM_GRAPH_REGISTER's default), and the eager all-reduce after it the FAN kernel */
     size_t cnt = 400003;
     float* h = malloc(cnt * 4 * 3);
     for (size_t i = 0; i < cnt; i++) h[i] = (float)(rank * 1000 + i % 1000);

@@ -11,6 +11,11 @@
  *           some rank, and every rank's gcommWait returns gcommInvalidUsage (the detecting ranks,
  *           naming "datatype") or gcommTimeout/gcommRemoteError (ranks whose kernel waited on a
  *           stopped one; GCOMM_TIMEOUT_MS=3000).
+ * capture   rank 0 captures a 1 MB all-reduce into a CUDA graph (which meets the other ranks at
+ *           capture, GCOMM_GRAPH_REGISTER's default) while the others launch it: rank 0's call
+ *           returns gcommTimeout naming the ranks that did not take part, the others' gcommWait
+ *           gcommTimeout (or gcommRemoteError) naming the rank they waited for
+ *           (GCOMM_TIMEOUT_MS=3000), each within seconds.
  * Each rank ends every communicator with gcommCommAbort + gcommCommDestroy (a GPU communicator's
  * destroy skips its final barrier once aborted or failed).
  */
@@ -108,6 +113,37 @@ static void testMismatch(cudaStream_t s, float* dbuf) {
   report(gcommCommDestroy(comm) == gcommSuccess, "gpu mismatch: destroy");
 }
 
+static void testCaptureAlone(cudaStream_t s, float* dbuf) {
+  gcommComm_t comm;
+  if (nranks < 2) return;
+  setenv("GCOMM_TIMEOUT_MS", "3000", 1);
+  if (gcommCommInitMPI(&comm, MPI_COMM_WORLD, NULL) != gcommSuccess) MPI_Abort(MPI_COMM_WORLD, 1);
+  unsetenv("GCOMM_TIMEOUT_MS");
+  double t0 = now();
+  gcommResult_t r = gcommSuccess, w = gcommSuccess;
+  if (rank == 0) {
+    cudaGraph_t g;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    r = gcommAllReduce(dbuf, dbuf, 1 << 18, gcommFloat32, gcommSum, comm, s);
+    if (cudaStreamEndCapture(s, &g) == cudaSuccess) cudaGraphDestroy(g);
+  } else {
+    r = gcommAllReduce(dbuf, dbuf, 1 << 18, gcommFloat32, gcommSum, comm, s);
+    w = gcommWait(comm, s);
+  }
+  double secs = now() - t0;
+  const char* msg = gcommGetLastError(comm);
+  int ok = rank == 0 ? r == gcommTimeout && strstr(msg, "did not take part") != NULL
+                     : r == gcommSuccess && (w == gcommTimeout || w == gcommRemoteError);
+  printf("# gpu capture alone: rank %d: %s after %.1f s: %s\n", rank,
+         gcommGetErrorString(rank == 0 ? r : w), secs, msg);
+  report(ok && secs < 20,
+         "gpu capture alone: the capturing rank gets gcommTimeout naming the others, the "
+         "launching ones their kernels' timeout");
+  cudaStreamSynchronize(s);
+  gcommCommAbort(comm);
+  report(gcommCommDestroy(comm) == gcommSuccess, "gpu capture alone: destroy");
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -129,6 +165,7 @@ int main(int argc, char** argv) {
   cudaMalloc((void**)&dbuf, (size_t)4 << 20);
   testAbort(s, dbuf);
   testMismatch(s, dbuf);
+  testCaptureAlone(s, dbuf);
   cudaFree(dbuf);
   cudaStreamDestroy(s);
   if (rank == 0) printf("%d failed\n", failed);
