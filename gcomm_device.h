@@ -185,8 +185,9 @@ typedef struct {
   gcommDevComm_t* comm; /* device copy: abort flag, deadline, error record and its claim */
   size_t count;         /* elements this rank combines (0: it only meets the others) */
   int nIn, nOut, datatype, redop, func, rank, nranks, nBlocks;
-  int divide; /* Avg: the result divided by this; 0: not */
-  int pairs;  /* out[k] = in[k] for each k < nOut, nothing combined (count elements each) */
+  int divide;    /* Avg: the result divided by this; 0: not */
+  int pairs;     /* out[k] = in[k] for each k < nOut, nothing combined (count elements each) */
+  int meetFirst; /* 0: the previous launch's last meeting stands for the first (nothing between) */
 } gcommDirectArgs_t;
 /* Returns a cudaError_t. */
 int gcommDirectLaunch(const gcommDirectArgs_t* args, void* stream);

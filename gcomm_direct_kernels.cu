@@ -10,7 +10,10 @@
  * its output free to be written. The block then computes its share of
  *     out[k][i] = in[0][i] op in[1][i] op ... op in[nIn - 1][i]   for every output k
  * and meets the peers again (its stores released at system scope first), so that no rank's stream
- * goes on while a peer still reads its input or writes its output. Each wait has the
+ * goes on while a peer still reads its input or writes its output. A launch captured right after
+ * the communicator's previous one, with nothing between them on any rank, skips its first meeting:
+ * the previous launch's last one already ordered every access of that call before any rank's next
+ * kernel, and no other work touched the buffers since. Each wait has the
  * communicator's deadline and abort flag, and names the peer that did not come.
  *
  * What each rank computes is planned on the host: an all-reduce is a two-shot, rank r reducing
@@ -183,7 +186,7 @@ __global__ void __launch_bounds__(THREADS, 2)
   }
   __syncthreads();
   uint64_t m = meetings;
-  if (meet(a, 2 * m + 1, &failed)) return;
+  if (a.meetFirst && meet(a, 2 * m + 1, &failed)) return;
   if (a.count > 0) combineAll<TYPE, OP>(a);
   __syncthreads();
   if (threadIdx.x < (unsigned)a.nranks) __threadfence_system(); /* the peers' outputs written */

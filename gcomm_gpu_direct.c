@@ -51,14 +51,24 @@ struct gcommDirect {
   directMap_t* maps; /* the peers' allocations mapped here */
   int nMaps, capMaps;
   int said; /* the first direct capture was said at INFO */
+  /* the graph node of this communicator's latest direct kernel, and its capture's id */
+  cudaGraphNode_t lastNode;
+  unsigned long long lastCapture;
 };
+
+/* A captured call's card: its buffers, and whether the call follows this communicator's previous
+ * direct kernel with nothing between them. */
+typedef struct {
+  gcommSharedCard_t buffers;
+  int follows;
+} callCard_t;
 
 /* ---- connect and free ---- */
 
 typedef struct {
   cudaIpcMemHandle_t mailbox;
   int failed;
-} directCard_t;
+} mailboxCard_t;
 
 static int directComm(gcommComm_t comm) {
   struct gcommDev* d = comm->dev;
@@ -67,7 +77,7 @@ static int directComm(gcommComm_t comm) {
          !comm->sharedCopy;
 }
 
-static gcommResult_t makeMailbox(gcommComm_t comm, struct gcommDirect* x, directCard_t* card) {
+static gcommResult_t makeMailbox(gcommComm_t comm, struct gcommDirect* x, mailboxCard_t* card) {
   size_t bytes = (MAILBOX_WORDS + GCOMM_DIRECT_BLOCKS) * sizeof(uint64_t);
   CUDA_CHECK(comm, -1, cudaMalloc((void**)&x->own, bytes));
   CUDA_CHECK(comm, -1, cudaMemset(x->own, 0, bytes));
@@ -79,7 +89,7 @@ gcommResult_t gcommGpuDirectConnect(gcommComm_t comm) {
   if (!directComm(comm)) return gcommSuccess;
   int n = comm->nranks;
   struct gcommDirect* x = calloc(1, sizeof(*x));
-  directCard_t mine, *all = calloc((size_t)n, sizeof(directCard_t));
+  mailboxCard_t mine, *all = calloc((size_t)n, sizeof(mailboxCard_t));
   if (x == NULL || all == NULL) {
     free(x), free(all);
     return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
@@ -183,8 +193,8 @@ static gcommResult_t mapPeer(gcommComm_t comm, struct gcommDirect* x, int r,
 }
 
 /* Every rank's buffers as this rank addresses them (in[r], out[r]); *ok 0 where one cannot be. */
-static gcommResult_t mapBuffers(gcommComm_t comm, const gcommOp_t* op,
-                                const gcommSharedCard_t* cards, char** in, char** out, int* ok) {
+static gcommResult_t mapBuffers(gcommComm_t comm, const gcommOp_t* op, const callCard_t* cards,
+                                char** in, char** out, int* ok) {
   struct gcommDirect* x = comm->dev->direct;
   *ok = 1;
   for (int r = 0; r < comm->nranks && *ok; r++) {
@@ -194,36 +204,76 @@ static gcommResult_t mapBuffers(gcommComm_t comm, const gcommOp_t* op,
     for (int w = 0; w < 2 && *ok; w++) {
       if (!peersUse(op, r, w)) continue;
       void* base = NULL;
-      GCOMM_CHECK(mapPeer(comm, x, r, &cards[r], w, &base));
+      GCOMM_CHECK(mapPeer(comm, x, r, &cards[r].buffers, w, &base));
       *ok = base != NULL;
-      if (*ok) (w == 0 ? in : out)[r] = (char*)base + cards[r].offset[w];
+      if (*ok) (w == 0 ? in : out)[r] = (char*)base + cards[r].buffers.offset[w];
     }
   }
   return gcommSuccess;
 }
 
+/* The capture's id and the nodes the next captured work will depend on (CUDA 12.3 and later):
+ * 0 when they cannot be told. */
+static int captureDeps(cudaStream_t s, unsigned long long* id, const cudaGraphNode_t** deps,
+                       size_t* n) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+#if CUDART_VERSION >= 13000
+  cudaError_t e = cudaStreamGetCaptureInfo(s, &st, id, NULL, deps, NULL, n);
+#elif CUDART_VERSION >= 12030
+  cudaError_t e = cudaStreamGetCaptureInfo_v3(s, &st, id, NULL, deps, NULL, n);
+#else
+  cudaError_t e = cudaErrorNotSupported;
+  (void)s, (void)id, (void)deps, (void)n;
+#endif
+  if (e != cudaSuccess) cudaGetLastError();
+  return e == cudaSuccess && st == cudaStreamCaptureStatusActive;
+}
+
+/* Whether the work captured next on s depends on this communicator's latest direct kernel alone,
+ * in the same capture: no work of this rank between them. */
+static int followsDirect(struct gcommDirect* x, cudaStream_t s) {
+  unsigned long long id = 0;
+  const cudaGraphNode_t* deps = NULL;
+  size_t n = 0;
+  return x->lastNode != NULL && captureDeps(s, &id, &deps, &n) && id == x->lastCapture && n == 1 &&
+         deps[0] == x->lastNode;
+}
+
+/* After a direct kernel's launch: its node, the one the stream's next work depends on. */
+static void rememberNode(struct gcommDirect* x, cudaStream_t s) {
+  unsigned long long id = 0;
+  const cudaGraphNode_t* deps = NULL;
+  size_t n = 0;
+  int known = captureDeps(s, &id, &deps, &n) && n == 1;
+  x->lastNode = known ? deps[0] : NULL;
+  x->lastCapture = id;
+}
+
 /* The cards of every rank: *ok when each exported every buffer it uses; a rank at another call
  * is named. */
-static gcommResult_t exchangeCards(gcommComm_t comm, const gcommOp_t* op, gcommSharedCard_t* cards,
-                                   int* ok) {
+static gcommResult_t exchangeCards(gcommComm_t comm, const gcommOp_t* op, void* stream,
+                                   callCard_t* cards, int* ok, int* follows) {
   struct gcommDirect* x = comm->dev->direct;
-  gcommSharedCard_t mine;
+  callCard_t mine;
   const void* buf[2] = {op->sendbuff, op->recvbuff};
   memset(&mine, 0, sizeof(mine));
-  mine.tag = op->tag;
-  mine.ok = 1;
+  mine.buffers.tag = op->tag;
+  mine.buffers.ok = 1;
   for (int w = 0; w < 2; w++)
-    if (peersUse(op, comm->rank, w)) mine.ok &= gcommBufferExport(&x->export, w, buf[w], &mine);
+    if (peersUse(op, comm->rank, w))
+      mine.buffers.ok &= gcommBufferExport(&x->export, w, buf[w], &mine.buffers);
+  mine.follows = followsDirect(x, (cudaStream_t)stream);
   GCOMM_CHECK(gcommPagesAllgather(comm, &mine, sizeof(mine), cards,
                                   "a graph-captured call's buffers (GCOMM_GRAPH_REGISTER)"));
-  *ok = 1;
+  *ok = *follows = 1;
   for (int r = 0; r < comm->nranks; r++) {
-    if (cards[r].tag != op->tag)
+    if (cards[r].buffers.tag != op->tag)
       return GCOMM_ERROR(comm, gcommInvalidUsage, r,
                          "graph capture of %s: rank %d captured another call (tag %08x, this "
                          "rank's %08x)",
-                         gcommFuncName(op->func), r, cards[r].tag, op->tag);
-    *ok &= cards[r].ok;
+                         gcommFuncName(op->func), r, cards[r].buffers.tag, op->tag);
+    *ok &= cards[r].buffers.ok;
+    *follows &= cards[r].follows;
   }
   return gcommSuccess;
 }
@@ -300,8 +350,11 @@ static int blocksOf(gcommComm_t comm, const gcommOp_t* op) {
   return b < 1 ? 1 : b > most ? (int)most : (int)b;
 }
 
+/* follows: every rank's call follows its previous direct kernel with nothing between them, whose
+ * last meeting then stands for this one's first (all accesses of that call are over, on every
+ * rank, before any rank's next kernel starts). */
 static gcommResult_t launch(gcommComm_t comm, const gcommOp_t* op, char** in, char** out,
-                            void* stream) {
+                            int follows, void* stream) {
   struct gcommDev* d = comm->dev;
   struct gcommDirect* x = d->direct;
   gcommDirectArgs_t a;
@@ -312,10 +365,12 @@ static gcommResult_t launch(gcommComm_t comm, const gcommOp_t* op, char** in, ch
   a.comm = d->devComm;
   a.datatype = op->datatype, a.redop = op->redop, a.func = op->func;
   a.rank = comm->rank, a.nranks = comm->nranks, a.nBlocks = blocksOf(comm, op);
+  a.meetFirst = !follows;
   int e = gcommDirectLaunch(&a, stream);
   if (e != cudaSuccess)
     return GCOMM_ERROR(comm, gcommDeviceError, -1, "direct kernel launch failed: %s",
                        cudaGetErrorString((cudaError_t)e));
+  rememberNode(x, (cudaStream_t)stream);
   if (!x->said && (x->said = 1))
     GCOMM_INFO(GCOMM_SUBSYS_COLL, comm,
                "graph capture: %s of %zu elements runs straight between the ranks' buffers, "
@@ -329,13 +384,13 @@ gcommResult_t gcommGpuDirectRun(gcommComm_t comm, const gcommOp_t* op, void* str
   /* exporting and mapping buffers is no stream work: allowed whatever the capture's mode */
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
-  gcommSharedCard_t* cards = calloc((size_t)comm->nranks, sizeof(gcommSharedCard_t));
+  callCard_t* cards = calloc((size_t)comm->nranks, sizeof(callCard_t));
   int* oks = calloc((size_t)comm->nranks, sizeof(int));
   char *in[MAXR], *out[MAXR];
-  int ok = 0;
+  int ok = 0, follows = 0;
   gcommResult_t res =
       cards && oks ? gcommSuccess : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-  if (res == gcommSuccess) res = exchangeCards(comm, op, cards, &ok);
+  if (res == gcommSuccess) res = exchangeCards(comm, op, stream, cards, &ok, &follows);
   if (res == gcommSuccess && ok) res = mapBuffers(comm, op, cards, in, out, &ok);
   if (res == gcommSuccess) /* every rank mapped every buffer, or every rank takes the FIFOs */
     res = gcommPagesAllgather(comm, &ok, sizeof(ok), oks,
@@ -343,7 +398,7 @@ gcommResult_t gcommGpuDirectRun(gcommComm_t comm, const gcommOp_t* op, void* str
   for (int r = 0; r < comm->nranks && res == gcommSuccess; r++) ok &= oks[r];
   if (res == gcommSuccess && ok) {
     WITH_DEVICE(comm, old);
-    res = launch(comm, op, in, out, stream);
+    res = launch(comm, op, in, out, follows, stream);
     RESTORE_DEVICE(comm, old);
     *done = res == gcommSuccess;
   }

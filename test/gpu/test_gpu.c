@@ -328,8 +328,9 @@ static int runCase(gcommComm_t comm, cudaStream_t s, int f, int dt, int op, size
   return bad;
 }
 
-/* graph capture: an in-place all-reduce of ones, replayed 3 times -> n^3; then an eager one.
- * Returns the wrong elements. */
+/* graph capture: two in-place all-reduces of ones, back to back in one graph (the second, direct,
+ * skips its first meeting), replayed 3 times -> n^6; then an eager one -> n^7 (powers of n stay
+ * exact in float at these sizes). Returns the wrong elements. */
 static int graphCapture(gcommComm_t comm, cudaStream_t s, float* dA, float* h, float* g,
                         size_t cnt) {
   int bad = 0;
@@ -339,17 +340,50 @@ static int graphCapture(gcommComm_t comm, cudaStream_t s, float* dA, float* h, f
   cudaGraphExec_t exec;
   CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   CK(gcommAllReduce(dA, dA, cnt, gcommFloat, gcommSum, comm, s));
+  CK(gcommAllReduce(dA, dA, cnt, gcommFloat, gcommSum, comm, s));
   CU(cudaStreamEndCapture(s, &graph));
   CU(cudaGraphInstantiate(&exec, graph, 0));
   for (int k = 0; k < 3; k++) CU(cudaGraphLaunch(exec, s));
   CK(gcommWait(comm, s));
+  float want = 1;
+  for (int k = 0; k < 6; k++) want *= (float)nranks;
   CU(cudaMemcpy(g, dA, cnt * 4, cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < cnt; i++) bad += g[i] != (float)(nranks * nranks * nranks);
+  for (size_t i = 0; i < cnt; i++) bad += g[i] != want;
   /* an eager collective after the replays still agrees on the FIFO counters */
   CK(gcommAllReduce(dA, dA, cnt, gcommFloat, gcommSum, comm, s));
   CK(gcommWait(comm, s));
   CU(cudaMemcpy(g, dA, cnt * 4, cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < cnt; i++) bad += g[i] != (float)(nranks * nranks * nranks * nranks);
+  for (size_t i = 0; i < cnt; i++) bad += g[i] != want * (float)nranks;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return bad;
+}
+
+/* graph capture of a chain: an all-reduce of ones into dB, then an all-gather of dB's first
+ * cnt / n elements into dD, back to back (direct at the default sizes: the all-gather skips its
+ * first meeting and reads what the peers wrote into this rank's dB in the all-reduce), replayed
+ * twice: every element of dD is n. Returns the wrong elements. */
+static int graphChain(gcommComm_t comm, cudaStream_t s, float* dA, float* dB, float* dD, float* g,
+                      size_t cnt) {
+  size_t part = cnt / nranks;
+  int bad = 0;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CU(cudaMemcpy(dA, g, cnt * 4, cudaMemcpyHostToDevice)); /* g: ones */
+  CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CK(gcommAllReduce(dA, dB, cnt, gcommFloat, gcommSum, comm, s));
+  CK(gcommAllGather(dB, dD, part, gcommFloat, comm, s));
+  CU(cudaStreamEndCapture(s, &graph));
+  CU(cudaGraphInstantiate(&exec, graph, 0));
+  for (int k = 0; k < 2; k++) {
+    CU(cudaMemset(dB, 0xff, cnt * 4));
+    CU(cudaMemset(dD, 0xff, part * nranks * 4));
+    CU(cudaDeviceSynchronize());
+    CU(cudaGraphLaunch(exec, s));
+    CK(gcommWait(comm, s));
+    CU(cudaMemcpy(g, dD, part * nranks * 4, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < part * nranks; i++) bad += g[i] != (float)nranks;
+  }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   return bad;
@@ -527,10 +561,14 @@ int main(int argc, char** argv) {
     if (rank == 0) printf("group send/recv+allreduce+allgather: %s\n", bad ? "FAILED" : "ok");
 
     bad = sharedCopy ? captureRefused(comm, s, dA, cnt) : graphCapture(comm, s, dA, h, g, cnt);
+    if (!sharedCopy) {
+      for (size_t i = 0; i < cnt; i++) g[i] = 1.0f;
+      bad += graphChain(comm, s, dA, dB, dD, g, cnt);
+    }
     checks++;
     if (bad) {
       failures++;
-      fprintf(stderr, "FAIL rank %d: graph-captured all-reduce: %d bad elements\n", rank, bad);
+      fprintf(stderr, "FAIL rank %d: graph-captured calls: %d bad elements\n", rank, bad);
     }
     if (rank == 0)
       printf("graph capture: %s\n", bad ? "FAILED" : sharedCopy ? "refused (copy path)" : "ok");
