@@ -272,23 +272,20 @@ int gcommByParts(gcommComm_t comm, const gcommOp_t* args) {
 #endif
 }
 
-/* The direct path (gcomm_gpu_direct.c) meets every peer twice, where LL's lines carry their own
- * flags: it pays once the data outweighs the second meeting. One H200 shared by 2 and 4 ranks
- * under MPS, nccl-tests with graphs (docs/PERF.md): at 2 ranks every function was faster from 128
- * KB (1.2-1.5x; all-reduce, reduce-scatter and all-gather at every size); at 4 ranks all-reduce
- * from 128 KB (1.6x), all-to-all from 128 KB (1.1x), all-gather from 32 KB (1.2x), the others from
- * 512 KB (1.2-1.6x; 0.8-0.98x at 128 KB); 1.2-3.4x from 2 MB. Small sizes keep LL, whose 8-byte
- * all-reduce on NVLink (4.0 us on 2 H200) the direct path has not been measured against.
- * GCOMM_GRAPH_REGISTER=2: every size. */
+/* The direct path (gcomm_gpu_direct.c) meets every peer before and after the data (back-to-back
+ * captured calls: after it only), where LL's lines carry their own flags: it pays once the data
+ * outweighs that. One H200 shared by 2 and 4 ranks under MPS, nccl-tests with graphs
+ * (docs/PERF.md): all-reduce, reduce-scatter, all-gather and all-to-all were faster from 32 KB on
+ * both (4 ranks, 32 KB: 6.6-7.9 us against 8.5-9.8), broadcast, reduce, gather and scatter from
+ * 128 KB (4 ranks: level to 1.3x; at 32 KB 0.3-0.6 us slower); 1.2-3.9x from 512 KB.
+ * Small sizes keep LL, whose 8-byte all-reduce on NVLink (4.0 us on 2 H200) the direct path has not
+ * been measured against. GCOMM_GRAPH_REGISTER=2: every size. */
 int gcommDirectPays(gcommComm_t comm, int func, size_t bytes) {
   int fits = func >= gcommFuncAllReduce && func <= gcommFuncScatter; /* not the vector forms */
-  size_t least = 512 * 1024;
-  if (func == gcommFuncAllReduce || func == gcommFuncAllToAll || comm->nranks == 2)
-    least = 128 * 1024;
-  else if (func == gcommFuncAllGather)
-    least = 32 * 1024;
+  int exchange = func == gcommFuncAllReduce || func == gcommFuncReduceScatter ||
+                 func == gcommFuncAllGather || func == gcommFuncAllToAll;
   if (!fits || comm->params.graphRegister == 0) return 0;
-  return comm->params.graphRegister == 2 || bytes >= least;
+  return comm->params.graphRegister == 2 || bytes >= (exchange ? 32 : 128) * (size_t)1024;
 }
 
 /* Channels pay off once each gets a few slots of data: one per perChannel bytes, at most the
