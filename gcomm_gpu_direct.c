@@ -85,6 +85,23 @@ static gcommResult_t makeMailbox(gcommComm_t comm, struct gcommDirect* x, mailbo
   return gcommSuccess;
 }
 
+/* GCOMM_DEBUG_SUBSYS=TUNING: from which size (the call's whole data) each collective captured into
+ * a graph takes this path. */
+static void sayThresholds(gcommComm_t comm) {
+  char line[512] = "";
+  int len = 0;
+  if (comm->rank != 0 || !gcommLogEnabled(GCOMM_LOG_INFO, GCOMM_SUBSYS_TUNING)) return;
+  for (int f = gcommFuncAllReduce; f <= gcommFuncScatter && len < (int)sizeof(line) - 64; f++) {
+    size_t b = 8;
+    while (b < ((size_t)1 << 40) && !gcommDirectPays(comm, f, b)) b *= 2;
+    len += snprintf(line + len, sizeof(line) - len, " %s from %zu B;", gcommFuncName(f), b);
+  }
+  GCOMM_INFO(
+      GCOMM_SUBSYS_TUNING, comm,
+      "graph-captured calls straight between the ranks' buffers (GCOMM_GRAPH_REGISTER=%lld):%s",
+      (long long)comm->params.graphRegister, line);
+}
+
 gcommResult_t gcommGpuDirectConnect(gcommComm_t comm) {
   if (!directComm(comm)) return gcommSuccess;
   int n = comm->nranks;
@@ -118,6 +135,7 @@ gcommResult_t gcommGpuDirectConnect(gcommComm_t comm) {
     }
   }
   free(all);
+  if (res == gcommSuccess) sayThresholds(comm);
   return res;
 }
 
