@@ -8,8 +8,9 @@
  * path (gcommDirectPays; GCOMM_GRAPH_REGISTER=2: every size), every rank posts a card on its status
  * page (the CUDA IPC handle, id and offset of each buffer's allocation, the call's tag), reads
  * every other rank's, and maps each peer's allocation it has not mapped yet (a table by rank and
- * id; a mapping lives until the communicator is destroyed, since a graph may replay at any time
- * until then). A second exchange says whether every rank mapped everything; only then does every
+ * id). The captured graph holds the mappings it uses (a CUDA user object): a mapping is closed at
+ * a later capture once no graph holds it, so that a peer may free its buffer, and at destroy. A
+ * second exchange says whether every rank mapped everything; only then does every
  * rank capture the direct kernel (gcomm_direct_kernels.cu), and otherwise every rank captures the
  * call on the FIFO kernels as it would have without this. Nothing of this runs at replay.
  *
@@ -38,19 +39,32 @@
  * GCOMM_DIRECT_BLOCKS */
 #define BYTES_A_BLOCK (32 * 1024)
 
+/* A peer's allocation mapped here. refs: 1 while the table holds it, plus one for each graph that
+ * captured a call on it and still exists (CUDA drops a graph's hold when the graph and its
+ * executable forms are gone and their launches have ended: releaseHold, on a thread of CUDA's).
+ * The table closes a mapping that only it holds; whoever drops the last reference frees the
+ * record. */
 typedef struct {
   int rank;
   unsigned long long id; /* the allocation's id in rank's process */
   void* base;            /* as this process maps it */
+  int refs;
 } directMap_t;
+
+/* What one captured call holds for its graph: the mappings it uses. */
+typedef struct {
+  directMap_t* maps[2 * GCOMM_DIRECT_MAX_RANKS];
+  int n;
+} graphHold_t;
 
 struct gcommDirect {
   uint64_t* own;                    /* cudaMalloc: this rank's mailbox, then its meeting counts */
   volatile uint64_t* mailbox[MAXR]; /* every rank's, as this process maps it */
   gcommBufferExport_t export;
-  directMap_t* maps; /* the peers' allocations mapped here */
+  directMap_t** maps; /* the peers' allocations mapped here */
   int nMaps, capMaps;
-  int said; /* the first direct capture was said at INFO */
+  uint64_t opened, closed; /* mappings opened, and closed once no graph held them */
+  int said;                /* the first direct capture was said at INFO */
   /* the graph node of this communicator's latest direct kernel, and its capture's id */
   cudaGraphNode_t lastNode;
   unsigned long long lastCapture;
@@ -62,6 +76,51 @@ typedef struct {
   gcommSharedCard_t buffers;
   int follows;
 } callCard_t;
+
+/* ---- the peers' allocations, held while a graph uses them ---- */
+
+/* Drops one reference to m; the last frees it (its mapping was closed by the table). */
+static void dropMap(directMap_t* m) {
+  if (__atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) == 0) free(m);
+}
+
+/* A graph's hold ends (CUDA's thread, which may call no CUDA function). */
+static void CUDART_CB releaseHold(void* p) {
+  graphHold_t* hold = p;
+  for (int i = 0; i < hold->n; i++) dropMap(hold->maps[i]);
+  free(hold);
+}
+
+/* Closes the mappings no graph holds any more: the table's alone. */
+static void closeUnused(struct gcommDirect* x) {
+  for (int i = 0; i < x->nMaps;) {
+    directMap_t* m = x->maps[i];
+    if (__atomic_load_n(&m->refs, __ATOMIC_ACQUIRE) != 1) {
+      i++;
+      continue;
+    }
+    cudaIpcCloseMemHandle(m->base);
+    free(m);
+    x->maps[i] = x->maps[--x->nMaps];
+    x->closed++;
+  }
+}
+
+/* The graph being captured holds hold's mappings until CUDA destroys it (a user object, which CUDA
+ * releases once the graph and its executable forms are gone and their launches have ended). Where
+ * that cannot be set up, the references stay and the mappings live until destroy. */
+static void holdForGraph(cudaGraph_t graph, const graphHold_t* hold) {
+  graphHold_t* h = malloc(sizeof(*h));
+  cudaUserObject_t obj;
+  if (h == NULL) return; /* nothing held, nothing released early: never unsafe */
+  *h = *hold;
+  for (int i = 0; i < h->n; i++) __atomic_add_fetch(&h->maps[i]->refs, 1, __ATOMIC_ACQ_REL);
+  if (graph == NULL ||
+      cudaUserObjectCreate(&obj, h, releaseHold, 1, cudaUserObjectNoDestructorSync) !=
+          cudaSuccess ||
+      cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove) != cudaSuccess)
+    cudaGetLastError(); /* not sticky */
+}
 
 /* ---- connect and free ---- */
 
@@ -142,8 +201,16 @@ gcommResult_t gcommGpuDirectConnect(gcommComm_t comm) {
 void gcommGpuDirectFree(gcommComm_t comm) {
   struct gcommDirect* x = comm->dev->direct;
   if (x == NULL) return;
+  if (x->opened > 0)
+    GCOMM_INFO(GCOMM_SUBSYS_COLL, comm,
+               "graph-captured calls mapped %llu peer allocations; %llu were let go once no graph "
+               "held them, %d at destroy",
+               (unsigned long long)x->opened, (unsigned long long)x->closed, x->nMaps);
+  for (int i = 0; i < x->nMaps; i++) { /* a graph of this communicator never runs again */
+    if (!comm->dev->keepMemory) cudaIpcCloseMemHandle(x->maps[i]->base);
+    dropMap(x->maps[i]);
+  }
   if (!comm->dev->keepMemory) { /* else a kernel may still use them */
-    for (int i = 0; i < x->nMaps; i++) cudaIpcCloseMemHandle(x->maps[i].base);
     for (int r = 0; r < comm->nranks; r++)
       if (r != comm->rank && x->mailbox[r] != NULL) cudaIpcCloseMemHandle((void*)x->mailbox[r]);
     if (x->own) cudaFree(x->own);
@@ -184,64 +251,70 @@ static int peersUse(const gcommOp_t* op, int r, int which) {
          (f == gcommFuncGather && root);
 }
 
-/* Rank r's allocation `id` mapped here: *base, or NULL where it cannot be. */
+/* Rank r's allocation of card's buffer which mapped here: *m, or NULL where it cannot be. */
 static gcommResult_t mapPeer(gcommComm_t comm, struct gcommDirect* x, int r,
-                             const gcommSharedCard_t* card, int which, void** base) {
-  *base = NULL;
+                             const gcommSharedCard_t* card, int which, directMap_t** m) {
   for (int i = 0; i < x->nMaps; i++)
-    if (x->maps[i].rank == r && x->maps[i].id == card->id[which]) {
-      *base = x->maps[i].base;
+    if (x->maps[i]->rank == r && x->maps[i]->id == card->id[which]) {
+      *m = x->maps[i];
       return gcommSuccess;
     }
+  *m = NULL;
   if (x->nMaps == x->capMaps) {
     int cap = x->capMaps ? 2 * x->capMaps : 16;
-    directMap_t* m = realloc(x->maps, (size_t)cap * sizeof(*m));
-    if (m == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
-    x->maps = m, x->capMaps = cap;
+    directMap_t** grown = realloc(x->maps, (size_t)cap * sizeof(*grown));
+    if (grown == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
+    x->maps = grown, x->capMaps = cap;
   }
+  directMap_t* rec = calloc(1, sizeof(*rec));
+  if (rec == NULL) return GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   cudaIpcMemHandle_t h;
   memcpy(&h, card->handle[which], sizeof(h));
-  if (cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+  if (cudaIpcOpenMemHandle(&rec->base, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
     cudaGetLastError(); /* not sticky: every rank captures the call on the FIFOs instead */
-    *base = NULL;
+    free(rec);
     return gcommSuccess;
   }
-  x->maps[x->nMaps++] = (directMap_t){r, card->id[which], *base};
+  rec->rank = r, rec->id = card->id[which], rec->refs = 1;
+  x->opened++;
+  x->maps[x->nMaps++] = *m = rec;
   return gcommSuccess;
 }
 
 /* Every rank's buffers as this rank addresses them (in[r], out[r]); *ok 0 where one cannot be. */
 static gcommResult_t mapBuffers(gcommComm_t comm, const gcommOp_t* op, const callCard_t* cards,
-                                char** in, char** out, int* ok) {
+                                char** in, char** out, graphHold_t* hold, int* ok) {
   struct gcommDirect* x = comm->dev->direct;
   *ok = 1;
+  hold->n = 0;
   for (int r = 0; r < comm->nranks && *ok; r++) {
     in[r] = (char*)op->sendbuff, out[r] = (char*)op->recvbuff;
     if (r == comm->rank) continue;
     in[r] = out[r] = NULL;
     for (int w = 0; w < 2 && *ok; w++) {
       if (!peersUse(op, r, w)) continue;
-      void* base = NULL;
-      GCOMM_CHECK(mapPeer(comm, x, r, &cards[r].buffers, w, &base));
-      *ok = base != NULL;
-      if (*ok) (w == 0 ? in : out)[r] = (char*)base + cards[r].buffers.offset[w];
+      directMap_t* m = NULL;
+      GCOMM_CHECK(mapPeer(comm, x, r, &cards[r].buffers, w, &m));
+      *ok = m != NULL;
+      if (*ok) (w == 0 ? in : out)[r] = (char*)m->base + cards[r].buffers.offset[w];
+      if (*ok) hold->maps[hold->n++] = m;
     }
   }
   return gcommSuccess;
 }
 
-/* The capture's id and the nodes the next captured work will depend on (CUDA 12.3 and later):
- * 0 when they cannot be told. */
-static int captureDeps(cudaStream_t s, unsigned long long* id, const cudaGraphNode_t** deps,
-                       size_t* n) {
+/* The capture's id, graph and the nodes the next captured work will depend on (CUDA 12.3 and
+ * later): 0 when they cannot be told. */
+static int captureDeps(cudaStream_t s, unsigned long long* id, cudaGraph_t* graph,
+                       const cudaGraphNode_t** deps, size_t* n) {
   enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
 #if CUDART_VERSION >= 13000
-  cudaError_t e = cudaStreamGetCaptureInfo(s, &st, id, NULL, deps, NULL, n);
+  cudaError_t e = cudaStreamGetCaptureInfo(s, &st, id, graph, deps, NULL, n);
 #elif CUDART_VERSION >= 12030
-  cudaError_t e = cudaStreamGetCaptureInfo_v3(s, &st, id, NULL, deps, NULL, n);
+  cudaError_t e = cudaStreamGetCaptureInfo_v3(s, &st, id, graph, deps, NULL, n);
 #else
   cudaError_t e = cudaErrorNotSupported;
-  (void)s, (void)id, (void)deps, (void)n;
+  (void)s, (void)id, (void)graph, (void)deps, (void)n;
 #endif
   if (e != cudaSuccess) cudaGetLastError();
   return e == cudaSuccess && st == cudaStreamCaptureStatusActive;
@@ -253,18 +326,21 @@ static int followsDirect(struct gcommDirect* x, cudaStream_t s) {
   unsigned long long id = 0;
   const cudaGraphNode_t* deps = NULL;
   size_t n = 0;
-  return x->lastNode != NULL && captureDeps(s, &id, &deps, &n) && id == x->lastCapture && n == 1 &&
-         deps[0] == x->lastNode;
+  return x->lastNode != NULL && captureDeps(s, &id, NULL, &deps, &n) && id == x->lastCapture &&
+         n == 1 && deps[0] == x->lastNode;
 }
 
-/* After a direct kernel's launch: its node, the one the stream's next work depends on. */
-static void rememberNode(struct gcommDirect* x, cudaStream_t s) {
+/* After a direct kernel's launch: its node (the one the stream's next work depends on), and the
+ * graph's hold on the mappings it uses. */
+static void afterLaunch(struct gcommDirect* x, cudaStream_t s, const graphHold_t* hold) {
   unsigned long long id = 0;
+  cudaGraph_t graph = NULL;
   const cudaGraphNode_t* deps = NULL;
   size_t n = 0;
-  int known = captureDeps(s, &id, &deps, &n) && n == 1;
-  x->lastNode = known ? deps[0] : NULL;
+  int known = captureDeps(s, &id, &graph, &deps, &n);
+  x->lastNode = known && n == 1 ? deps[0] : NULL;
   x->lastCapture = id;
+  holdForGraph(known ? graph : NULL, hold);
 }
 
 /* The cards of every rank: *ok when each exported every buffer it uses; a rank at another call
@@ -372,7 +448,7 @@ static int blocksOf(gcommComm_t comm, const gcommOp_t* op) {
  * last meeting then stands for this one's first (all accesses of that call are over, on every
  * rank, before any rank's next kernel starts). */
 static gcommResult_t launch(gcommComm_t comm, const gcommOp_t* op, char** in, char** out,
-                            int follows, void* stream) {
+                            const graphHold_t* hold, int follows, void* stream) {
   struct gcommDev* d = comm->dev;
   struct gcommDirect* x = d->direct;
   gcommDirectArgs_t a;
@@ -388,7 +464,7 @@ static gcommResult_t launch(gcommComm_t comm, const gcommOp_t* op, char** in, ch
   if (e != cudaSuccess)
     return GCOMM_ERROR(comm, gcommDeviceError, -1, "direct kernel launch failed: %s",
                        cudaGetErrorString((cudaError_t)e));
-  rememberNode(x, (cudaStream_t)stream);
+  afterLaunch(x, (cudaStream_t)stream, hold);
   if (!x->said && (x->said = 1))
     GCOMM_INFO(GCOMM_SUBSYS_COLL, comm,
                "graph capture: %s of %zu elements runs straight between the ranks' buffers, "
@@ -406,17 +482,19 @@ gcommResult_t gcommGpuDirectRun(gcommComm_t comm, const gcommOp_t* op, void* str
   int* oks = calloc((size_t)comm->nranks, sizeof(int));
   char *in[MAXR], *out[MAXR];
   int ok = 0, follows = 0;
+  graphHold_t hold;
+  closeUnused(comm->dev->direct);
   gcommResult_t res =
       cards && oks ? gcommSuccess : GCOMM_ERROR(comm, gcommSystemError, -1, "out of memory");
   if (res == gcommSuccess) res = exchangeCards(comm, op, stream, cards, &ok, &follows);
-  if (res == gcommSuccess && ok) res = mapBuffers(comm, op, cards, in, out, &ok);
+  if (res == gcommSuccess && ok) res = mapBuffers(comm, op, cards, in, out, &hold, &ok);
   if (res == gcommSuccess) /* every rank mapped every buffer, or every rank takes the FIFOs */
     res = gcommPagesAllgather(comm, &ok, sizeof(ok), oks,
                               "whether every rank mapped a graph-captured call's buffers");
   for (int r = 0; r < comm->nranks && res == gcommSuccess; r++) ok &= oks[r];
   if (res == gcommSuccess && ok) {
     WITH_DEVICE(comm, old);
-    res = launch(comm, op, in, out, follows, stream);
+    res = launch(comm, op, in, out, &hold, follows, stream);
     RESTORE_DEVICE(comm, old);
     *done = res == gcommSuccess;
   }

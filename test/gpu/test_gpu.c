@@ -7,11 +7,12 @@
  * on the stream writes after the operator is made (so the kernel must read it when it runs), each
  * rank its own; AllToAll in place too. Then every case captured into a CUDA graph, launched
  * twice (the buffers prepared afresh), on the FIFO kernels and straight between the ranks' buffers
- * (GCOMM_GRAPH_REGISTER); send/recv, a fused group, and an all-reduce replayed three times from
- * one graph, then run eagerly. Ranks pick GPU localRank % TEST_NGPUS (default: every visible GPU).
- * TEST_SHARED_COPY=1: every rank is on one GPU and runs the copy path (GCOMM_SHARED_GPU: no
- * kernel waits for a peer), where algorithms and protocols play no part: only the cost model's
- * run, and graph capture must be refused.
+ * (GCOMM_GRAPH_REGISTER); send/recv, a fused group, two all-reduces replayed three times from
+ * one graph, then one run eagerly, an all-reduce and an all-gather chained in one graph, and 40
+ * graphs over buffers allocated and freed in turn (the GPU's memory comes back). Ranks pick GPU
+ * localRank % TEST_NGPUS (default: every visible GPU). TEST_SHARED_COPY=1: every rank is on one GPU
+ * and runs the copy path (GCOMM_SHARED_GPU: no kernel waits for a peer), where algorithms and
+ * protocols play no part: only the cost model's run, and graph capture must be refused.
  */
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -389,6 +390,49 @@ static int graphChain(gcommComm_t comm, cudaStream_t s, float* dA, float* dB, fl
   return bad;
 }
 
+/* One in-place all-reduce of cnt floats at buf captured into a graph, launched once, destroyed. */
+static void captureOnce(gcommComm_t comm, cudaStream_t s, float* buf, size_t cnt) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CK(gcommAllReduce(buf, buf, cnt, gcommFloat, gcommSum, comm, s));
+  CU(cudaStreamEndCapture(s, &graph));
+  CU(cudaGraphInstantiate(&exec, graph, 0));
+  CU(cudaGraphLaunch(exec, s));
+  CK(gcommWait(comm, s));
+  CU(cudaGraphExecDestroy(exec));
+  CU(cudaGraphDestroy(graph));
+}
+
+/* Graphs over buffers allocated and freed in turn: each rank maps its peers' buffers at capture
+ * and must let go of them once the graph is gone (they would stay allocated on the peers' GPUs
+ * otherwise). 40 rounds of 64 MB each; then the GPU's free memory is back within two buffers a
+ * rank. Returns 1 if not. */
+static int graphRelease(gcommComm_t comm, cudaStream_t s, float* small, size_t smallCnt) {
+  const size_t cnt = (size_t)16 << 20;
+  size_t free0 = 0, free1 = 0, total = 0;
+  CU(cudaDeviceSynchronize());
+  MPI_Barrier(MPI_COMM_WORLD);
+  CU(cudaMemGetInfo(&free0, &total));
+  for (int round = 0; round < 40; round++) {
+    float* buf;
+    CU(cudaMalloc((void**)&buf, cnt * 4));
+    CU(cudaMemset(buf, 0, cnt * 4));
+    captureOnce(comm, s, buf, cnt);
+    CU(cudaFree(buf));
+  }
+  captureOnce(comm, s, small, smallCnt); /* lets go of the last round's mappings */
+  CU(cudaDeviceSynchronize());
+  MPI_Barrier(MPI_COMM_WORLD);
+  CU(cudaMemGetInfo(&free1, &total));
+  long long lost = (long long)free0 - (long long)free1, bound = 2LL * nranks * (long long)cnt * 4;
+  if (lost > bound)
+    fprintf(stderr,
+            "FAIL rank %d: graph mappings: %lld MB of GPU memory not returned (bound %lld)\n", rank,
+            lost >> 20, bound >> 20);
+  return lost > bound;
+}
+
 /* The copy path refuses graph capture (its flags are set when the host enqueues): a clear
  * gcommInvalidUsage that changes nothing, and the communicator still works. Returns 1 if not. */
 static int captureRefused(gcommComm_t comm, cudaStream_t s, float* dA, size_t cnt) {
@@ -564,6 +608,7 @@ int main(int argc, char** argv) {
     if (!sharedCopy) {
       for (size_t i = 0; i < cnt; i++) g[i] = 1.0f;
       bad += graphChain(comm, s, dA, dB, dD, g, cnt);
+      bad += graphRelease(comm, s, dA, cnt);
     }
     checks++;
     if (bad) {
