@@ -406,10 +406,10 @@ static void captureOnce(gcommComm_t comm, cudaStream_t s, float* buf, size_t cnt
 
 /* Graphs over buffers allocated and freed in turn: each rank maps its peers' buffers at capture
  * and must let go of them once the graph is gone (they would stay allocated on the peers' GPUs
- * otherwise). 40 rounds of 64 MB each; then the GPU's free memory is back within two buffers a
- * rank. Returns 1 if not. */
+ * otherwise). 40 rounds of 16 MB each (short under compute-sanitizer too); then the GPU's free
+ * memory is back within two buffers a rank. Returns 1 if not. */
 static int graphRelease(gcommComm_t comm, cudaStream_t s, float* small, size_t smallCnt) {
-  const size_t cnt = (size_t)16 << 20;
+  const size_t cnt = (size_t)4 << 20;
   size_t free0 = 0, free1 = 0, total = 0;
   CU(cudaDeviceSynchronize());
   MPI_Barrier(MPI_COMM_WORLD);
