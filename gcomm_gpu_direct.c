@@ -126,7 +126,8 @@ static void holdForGraph(cudaGraph_t graph, const graphHold_t* hold) {
 
 typedef struct {
   cudaIpcMemHandle_t mailbox;
-  int failed;
+  int failed;     /* the mailbox could not be made */
+  int exportable; /* the driver has cuPointerGetAttributes: buffers can be exported */
 } mailboxCard_t;
 
 static int directComm(gcommComm_t comm) {
@@ -161,9 +162,32 @@ static void sayThresholds(gcommComm_t comm) {
       (long long)comm->params.graphRegister, line);
 }
 
+/* Every rank's mailbox opened here, after the exchange of their handles. */
+static gcommResult_t openMailboxes(gcommComm_t comm, struct gcommDirect* x,
+                                   const mailboxCard_t* all) {
+  for (int r = 0; r < comm->nranks; r++) {
+    if (all[r].failed)
+      return GCOMM_ERROR(comm, gcommDeviceError, r,
+                         "rank %d could not make its mailbox for graph-captured calls "
+                         "(GCOMM_GRAPH_REGISTER)",
+                         r);
+    if (r == comm->rank) {
+      x->mailbox[r] = x->own;
+      continue;
+    }
+    void* p = NULL;
+    cudaError_t e = cudaIpcOpenMemHandle(&p, all[r].mailbox, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess)
+      return GCOMM_ERROR(comm, gcommDeviceError, r, "opening rank %d's mailbox: %s", r,
+                         cudaGetErrorString(e));
+    x->mailbox[r] = p;
+  }
+  return gcommSuccess;
+}
+
 gcommResult_t gcommGpuDirectConnect(gcommComm_t comm) {
   if (!directComm(comm)) return gcommSuccess;
-  int n = comm->nranks;
+  int n = comm->nranks, exportable = 1;
   struct gcommDirect* x = calloc(1, sizeof(*x));
   mailboxCard_t mine, *all = calloc((size_t)n, sizeof(mailboxCard_t));
   if (x == NULL || all == NULL) {
@@ -174,27 +198,19 @@ gcommResult_t gcommGpuDirectConnect(gcommComm_t comm) {
   memset(&mine, 0, sizeof(mine));
   gcommBufferExportInit(&x->export);
   /* every rank reaches the exchange, so that one rank's failure fails all of them */
-  mine.failed = makeMailbox(comm, x, &mine) != gcommSuccess || x->export.pointerAttributes == NULL;
+  mine.failed = makeMailbox(comm, x, &mine) != gcommSuccess;
+  mine.exportable = x->export.pointerAttributes != NULL;
   gcommResult_t res = gcommAllgather(comm, &mine, sizeof(mine), all);
-  for (int r = 0; r < n && res == gcommSuccess; r++) {
-    if (all[r].failed)
-      res = GCOMM_ERROR(comm, gcommDeviceError, r,
-                        "rank %d could not make its mailbox for graph-captured calls "
-                        "(GCOMM_GRAPH_REGISTER)",
-                        r);
-    else if (r == comm->rank)
-      x->mailbox[r] = x->own;
-    else {
-      void* p = NULL;
-      cudaError_t e = cudaIpcOpenMemHandle(&p, all[r].mailbox, cudaIpcMemLazyEnablePeerAccess);
-      if (e != cudaSuccess)
-        res = GCOMM_ERROR(comm, gcommDeviceError, r, "opening rank %d's mailbox: %s", r,
-                          cudaGetErrorString(e));
-      x->mailbox[r] = p;
-    }
-  }
+  for (int r = 0; r < n; r++) exportable &= all[r].exportable;
+  if (res == gcommSuccess && exportable) res = openMailboxes(comm, x, all);
   free(all);
-  if (res == gcommSuccess) sayThresholds(comm);
+  if (res == gcommSuccess && !exportable) { /* alike on every rank: the FIFO kernels for all */
+    GCOMM_INFO(GCOMM_SUBSYS_INIT, comm,
+               "graph-captured calls run on the FIFO kernels: a rank's driver has no "
+               "cuPointerGetAttributes to export buffers with");
+    gcommGpuDirectFree(comm);
+  }
+  if (res == gcommSuccess && comm->dev->direct != NULL) sayThresholds(comm);
   return res;
 }
 
