@@ -26,8 +26,11 @@
 #       round=.." before each run; a later call adds its runs), then the tables of
 #       tools/nccl_tests_table.py over all of them. PERF_ARGS (default: -b 8 -e 8M
 #       -f 4 -n 40 -w 5; all-gather, reduce-scatter, all-to-all, gather and scatter from 32 B).
-#       ALSO="NAME=LIBDIR ...": more builds of gcomm's libnccl.so.2 (a change against a base, say)
-#       timed in the same turns, each under its NAME (tools/nccl_tests_table.py --a NAME --b gcomm);
+#       ALSO="NAME=LIBDIR[@VAR=VALUE...] ...": more builds of gcomm's libnccl.so.2 (a change
+#       against a base, say), or the same one with other GCOMM_* settings (fifo=build/nccl@
+#       GCOMM_GRAPH_REGISTER=0), timed in the same turns, each under its NAME
+#       (tools/nccl_tests_table.py --a NAME --b gcomm; the launcher must pass the environment,
+#       as MPICH's does);
 #       WITH_NCCL=0 leaves NVIDIA's NCCL out of the turns (the tables then hold gcomm against the
 #       first ALSO build); PERF_GRAPHS (default "20 0": with graphs, then plain launches) the -G
 #       values to time.
@@ -116,13 +119,15 @@ run() {
 }
 
 # One timed run: PROG over the library LIB (gcomm, nccl or an ALSO name) in LIBDIR with graphs G,
-# appended to LOG.
+# appended to LOG. LIBDIR may carry settings for the run: DIR@VAR=VALUE@VAR=VALUE.
 perfOne() {
-  local lib=$1 libdir=$2 prog=$3 g=$4 round=$5 bindir=$6 np=$7 log=$8 args=${PERF_ARGS:--b 8 -e 8M -f 4 -n 40 -w 5}
+  local lib=$1 libdir=${2%%@*} prog=$3 g=$4 round=$5 bindir=$6 np=$7 log=$8 args=${PERF_ARGS:--b 8 -e 8M -f 4 -n 40 -w 5}
+  local settings=()
+  [ "$libdir" = "$2" ] || IFS=@ read -r -a settings <<< "${2#*@}"
   case $prog in all_gather | reduce_scatter | alltoall | gather | scatter) args=${args/-b 8 /-b 32 } ;; esac
   echo "=== $prog $lib G=$g round=$round" >> "$log"
   # shellcheck disable=SC2086
-  LD_LIBRARY_PATH="$libdir:${LD_LIBRARY_PATH:-}" timeout -k 5 "${NT_TIMEOUT:-120}" \
+  env "${settings[@]}" LD_LIBRARY_PATH="$libdir:${LD_LIBRARY_PATH:-}" timeout -k 5 "${NT_TIMEOUT:-120}" \
     $MPIEXEC -n "$np" stdbuf -oL "$bindir/${prog}_perf" $args -G "$g" -c 0 >> "$log" 2>&1
 }
 
@@ -161,5 +166,5 @@ case "${1:-}" in
   build) shift; build "$@" ;;
   run) shift; run "$@" ;;
   perf) shift; perf "$@" ;;
-  *) sed -n '2,34p' "$0"; exit 2 ;;
+  *) sed -n '2,37p' "$0"; exit 2 ;;
 esac
