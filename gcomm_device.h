@@ -173,8 +173,8 @@ int gcommPreMulLaunch(void* dst, size_t dstPitch, const void* src, size_t srcPit
  * block b of every other rank through their mailboxes before and after its share of
  * out[k][i] = in[0][i] op ... op in[nIn - 1][i] for every output k (or of out[k] = in[k]). */
 #define GCOMM_DIRECT_MAX_RANKS 16
-#define GCOMM_DIRECT_BLOCKS \
-  32 /* blocks a launch runs at most: each rank's mailbox words a sender */
+/* blocks a launch runs at most: each rank's mailbox words a sender */
+#define GCOMM_DIRECT_BLOCKS 32
 typedef struct {
   const void* in[GCOMM_DIRECT_MAX_RANKS]; /* combined in this order: the same bits everywhere */
   void* out[GCOMM_DIRECT_MAX_RANKS];      /* as this rank addresses them (mapped peers' buffers) */
